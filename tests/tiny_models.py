@@ -1,0 +1,388 @@
+"""Tiny random GGUF models for the reference-forward tests.
+
+Each ``write_tiny_*`` function writes a small F32 model with gguf-py's ``GGUFWriter`` that
+stock llama.cpp loads, and returns a :class:`TinyModel`: the configuration plus every
+weight as a float32 numpy array, so that ``tests/torch_reference.py`` can run the same
+network independently.
+
+Layout conventions (checked against ``vendor/llama.cpp/src/llama-arch.cpp`` and
+``src/models/{llama,qwen2,qwen2vl}.cpp`` of llama-cpp-python 0.3.36):
+
+- A linear layer ``y = W x`` is stored as the numpy array ``W`` of shape ``(n_out, n_in)``;
+  gguf-py writes the reversed shape, so ggml sees ``ne = [n_in, n_out]``, which is what
+  ``create_tensor(..., {n_in, n_out})`` expects.
+- The q/k weights are used as stored: llama.cpp's ``llama`` graph applies NORMAL rope
+  (adjacent pairs (2i, 2i+1)) to ``W_q x`` directly, ``qwen2`` applies NEOX rope (pairs
+  (i, i + d/2)). Since these files are written directly (no HF checkpoint, no
+  ``convert_hf_to_gguf`` permutation), the reference uses the same convention on the same
+  stored weights.
+- Tokenizer: the smallest SPM (``tokenizer.ggml.model = "llama"``) vocabulary the loader
+  accepts without warnings: ``<unk>``, ``<s>``, ``</s>``, the newline byte token
+  ``<0x0A>`` (the loader looks it up for ``linefeed_id``) and unique plain pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGUFValueType, GGUFWriter
+
+from ggufrope import keys as gkeys
+
+#: rope layout of each architecture, as llama.cpp applies it (``llama_model_rope_type``)
+ROPE_MODE = {"llama": "normal", "qwen2": "neox", "qwen2vl": "neox"}
+
+N_SPECIAL = 4  # <unk>, <s>, </s>, <0x0A>
+UNK_ID, BOS_ID, EOS_ID, NL_ID = 0, 1, 2, 3
+
+# token types (gguf TokenType / llama_token_type)
+_TT_NORMAL, _TT_UNKNOWN, _TT_CONTROL, _TT_BYTE = 1, 2, 3, 6
+
+
+@dataclass
+class TinyLayer:
+    """One transformer block; linear weights are ``(n_out, n_in)`` float32 arrays."""
+
+    attn_norm: np.ndarray  # (n_embd,)
+    wq: np.ndarray  # (n_head * head_dim, n_embd)
+    wk: np.ndarray  # (n_head_kv * head_dim, n_embd)
+    wv: np.ndarray  # (n_head_kv * head_dim, n_embd)
+    wo: np.ndarray  # (n_embd, n_head * head_dim)
+    ffn_norm: np.ndarray  # (n_embd,)
+    ffn_gate: np.ndarray  # (n_ff, n_embd)
+    ffn_up: np.ndarray  # (n_ff, n_embd)
+    ffn_down: np.ndarray  # (n_embd, n_ff)
+    bq: np.ndarray | None = None  # (n_head * head_dim,) qwen2 only
+    bk: np.ndarray | None = None  # (n_head_kv * head_dim,)
+    bv: np.ndarray | None = None  # (n_head_kv * head_dim,)
+
+
+@dataclass
+class TinyModel:
+    """Configuration and weights of a tiny model written to ``path``."""
+
+    path: Path
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    freq_base: float
+    rms_eps: float
+    tok_embd: np.ndarray  # (n_vocab, n_embd)
+    output_norm: np.ndarray  # (n_embd,)
+    output: np.ndarray  # (n_vocab, n_embd)
+    layers: list[TinyLayer]
+    rope_freqs: np.ndarray | None = None  # (n_rot // 2,) llama only: divides theta_i
+    rope_sections: tuple[int, int, int, int] | None = None  # qwen2vl only
+    extra_kv: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def n_rot(self) -> int:
+        return self.head_dim
+
+    @property
+    def rope_mode(self) -> str:
+        """``"normal"`` (adjacent pairs) or ``"neox"`` (split halves)."""
+        return ROPE_MODE[self.arch]
+
+    def key(self, template: str) -> str:
+        """Expand a ``{arch}`` key template for this model (``"{arch}.rope.ntk.method"``)."""
+        return gkeys.key(template, self.arch)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
+    if n_vocab < N_SPECIAL + 1:
+        raise ValueError(f"n_vocab must be >= {N_SPECIAL + 1}, got {n_vocab}")
+    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"\u2581t{i}" for i in range(N_SPECIAL, n_vocab)]
+    scores = [0.0] * N_SPECIAL + [-float(i) for i in range(N_SPECIAL, n_vocab)]
+    types = [_TT_UNKNOWN, _TT_CONTROL, _TT_CONTROL, _TT_BYTE] + [_TT_NORMAL] * (n_vocab - N_SPECIAL)
+    return tokens, scores, types
+
+
+def _value_type(k: str, v: Any, arch: str) -> GGUFValueType:
+    """GGUF type of an ``extra_kv`` value: the contract's type for a ggufrope key, else inferred."""
+    for template, vtype in gkeys.KEY_TYPES.items():
+        if gkeys.key(template, arch) == k:
+            return vtype
+    if isinstance(v, bool):
+        return GGUFValueType.BOOL
+    if isinstance(v, str):
+        return GGUFValueType.STRING
+    if isinstance(v, (int, np.integer)):
+        return GGUFValueType.UINT32 if v >= 0 else GGUFValueType.INT32
+    if isinstance(v, (float, np.floating)):
+        return GGUFValueType.FLOAT32
+    raise TypeError(f"cannot infer the GGUF type of {k}={v!r}; pass (value, GGUFValueType)")
+
+
+def _add_extra_kv(w: GGUFWriter, arch: str, extra_kv: dict[str, Any] | None) -> dict[str, Any]:
+    """Write ``extra_kv`` (keys may contain ``{arch}``; a value may be ``(value, GGUFValueType)``)."""
+    out: dict[str, Any] = {}
+    for k, v in (extra_kv or {}).items():
+        k = k.format(arch=arch)
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[1], GGUFValueType):
+            v, vtype = v
+        else:
+            vtype = _value_type(k, v, arch)
+        if vtype == GGUFValueType.FLOAT32:
+            v = float(v)
+        elif vtype == GGUFValueType.BOOL:
+            v = bool(v)
+        w.add_key_value(k, v, vtype)
+        out[k] = v
+    return out
+
+
+def _random_model(
+    rng: np.random.Generator,
+    *,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    n_vocab: int,
+    qkv_bias: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[TinyLayer]]:
+    if n_embd % n_head or n_head % n_head_kv:
+        raise ValueError("n_embd must be a multiple of n_head and n_head of n_head_kv")
+    if n_layer < 1:
+        raise ValueError("n_layer must be >= 1")
+    hd = n_embd // n_head
+
+    def normal(shape, std):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    def norm_w(n):
+        return (1.0 + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    # q/k std: q, k entries have std ~ 8*s after the RMSNorm (n_embd=64), so the attention
+    # logits q.k/sqrt(hd) have std ~ 64 s^2 (hd=16): s = 0.2 gives ~2.5, position-sensitive
+    # but not saturated.
+    qk_std = 1.6 / np.sqrt(n_embd)
+    layers = []
+    for _ in range(n_layer):
+        layers.append(
+            TinyLayer(
+                attn_norm=norm_w(n_embd),
+                wq=normal((n_head * hd, n_embd), qk_std),
+                wk=normal((n_head_kv * hd, n_embd), qk_std),
+                wv=normal((n_head_kv * hd, n_embd), 1.0 / np.sqrt(n_embd)),
+                wo=normal((n_embd, n_head * hd), 0.5 / np.sqrt(n_head * hd)),
+                ffn_norm=norm_w(n_embd),
+                ffn_gate=normal((n_ff, n_embd), 1.0 / np.sqrt(n_embd)),
+                ffn_up=normal((n_ff, n_embd), 1.0 / np.sqrt(n_embd)),
+                ffn_down=normal((n_embd, n_ff), 0.5 / np.sqrt(n_ff)),
+                bq=normal(n_head * hd, 0.1) if qkv_bias else None,
+                bk=normal(n_head_kv * hd, 0.1) if qkv_bias else None,
+                bv=normal(n_head_kv * hd, 0.1) if qkv_bias else None,
+            )
+        )
+    tok_embd = normal((n_vocab, n_embd), 1.0)
+    output_norm = norm_w(n_embd)
+    output = normal((n_vocab, n_embd), 1.0 / np.sqrt(n_embd))
+    return tok_embd, output_norm, output, layers
+
+
+def _write(
+    path: str | Path,
+    arch: str,
+    *,
+    seed: int,
+    n_layer: int,
+    n_embd: int,
+    n_head: int,
+    n_head_kv: int,
+    n_ff: int,
+    n_vocab: int,
+    n_ctx_train: int,
+    freq_base: float,
+    rms_eps: float,
+    qkv_bias: bool,
+    rope_freqs: np.ndarray | None = None,
+    rope_sections: tuple[int, int, int, int] | None = None,
+    extra_kv: dict[str, Any] | None = None,
+) -> TinyModel:
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    tok_embd, output_norm, output, layers = _random_model(
+        rng, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        n_ff=n_ff, n_vocab=n_vocab, qkv_bias=qkv_bias,
+    )
+    hd = n_embd // n_head
+    if rope_freqs is not None:
+        rope_freqs = np.asarray(rope_freqs, dtype=np.float32)
+        if rope_freqs.shape != (hd // 2,):
+            raise ValueError(f"rope_freqs must have shape ({hd // 2},), got {rope_freqs.shape}")
+
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(float(freq_base))
+    w.add_layer_norm_rms_eps(float(rms_eps))
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # ALL_F32
+    if rope_sections is not None:
+        w.add_rope_dimension_sections([int(s) for s in rope_sections])
+
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+    extra = _add_extra_kv(w, arch, extra_kv)
+
+    w.add_tensor("token_embd.weight", tok_embd)
+    w.add_tensor("output_norm.weight", output_norm)
+    w.add_tensor("output.weight", output)
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", rope_freqs)
+    for i, L in enumerate(layers):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", L.attn_norm)
+        w.add_tensor(b + "attn_q.weight", L.wq)
+        w.add_tensor(b + "attn_k.weight", L.wk)
+        w.add_tensor(b + "attn_v.weight", L.wv)
+        if qkv_bias:
+            w.add_tensor(b + "attn_q.bias", L.bq)
+            w.add_tensor(b + "attn_k.bias", L.bk)
+            w.add_tensor(b + "attn_v.bias", L.bv)
+        w.add_tensor(b + "attn_output.weight", L.wo)
+        w.add_tensor(b + "ffn_norm.weight", L.ffn_norm)
+        w.add_tensor(b + "ffn_gate.weight", L.ffn_gate)
+        w.add_tensor(b + "ffn_up.weight", L.ffn_up)
+        w.add_tensor(b + "ffn_down.weight", L.ffn_down)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    return TinyModel(
+        path=path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        freq_base=float(freq_base), rms_eps=float(np.float32(rms_eps)), tok_embd=tok_embd,
+        output_norm=output_norm, output=output, layers=layers, rope_freqs=rope_freqs,
+        rope_sections=tuple(rope_sections) if rope_sections is not None else None,
+        extra_kv=extra,
+    )
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def write_tiny_llama(
+    path: str | Path,
+    *,
+    seed: int,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_vocab: int = 96,
+    n_ctx_train: int = 64,
+    freq_base: float = 10000.0,
+    rms_eps: float = 1e-5,
+    rope_freqs: np.ndarray | None = None,
+    extra_kv: dict[str, Any] | None = None,
+) -> TinyModel:
+    """Write a tiny ``llama`` (NORMAL rope, GQA, F32) model to ``path``; return its weights.
+
+    ``rope_freqs`` (shape ``(n_rot/2,)``) is written as the ``rope_freqs.weight`` tensor, the
+    per-pair divisor Llama-3.1 files carry. ``extra_kv`` adds metadata: keys may contain
+    ``{arch}``; the ggufrope keys get their contract types from :mod:`ggufrope.keys`, other
+    values are typed from Python (bool, str, float -> FLOAT32, int -> UINT32) or given as
+    ``(value, GGUFValueType)``.
+    """
+    return _write(
+        path, "llama", seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        freq_base=freq_base, rms_eps=rms_eps, qkv_bias=False, rope_freqs=rope_freqs,
+        extra_kv=extra_kv,
+    )
+
+
+def write_tiny_qwen2(
+    path: str | Path,
+    *,
+    seed: int,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_vocab: int = 96,
+    n_ctx_train: int = 64,
+    freq_base: float = 10000.0,
+    rms_eps: float = 1e-6,
+    extra_kv: dict[str, Any] | None = None,
+) -> TinyModel:
+    """Write a tiny ``qwen2`` (NEOX rope, q/k/v biases, GQA, F32) model; return its weights.
+
+    No ``rope_freqs``: llama.cpp's qwen2 graph passes no rope factors.
+    """
+    return _write(
+        path, "qwen2", seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        freq_base=freq_base, rms_eps=rms_eps, qkv_bias=True, extra_kv=extra_kv,
+    )
+
+
+def write_tiny_qwen2vl(
+    path: str | Path,
+    *,
+    seed: int,
+    n_layer: int = 2,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_vocab: int = 96,
+    n_ctx_train: int = 64,
+    freq_base: float = 10000.0,
+    rms_eps: float = 1e-6,
+    rope_sections: tuple[int, int, int, int] | None = None,
+    extra_kv: dict[str, Any] | None = None,
+) -> TinyModel:
+    """Write a tiny ``qwen2vl`` model: qwen2's layout, multi-section rope (``ggml_rope_multi``).
+
+    ``{arch}.rope.dimension_sections`` (INT32 x 4, required by the loader) defaults to the
+    proportions of Qwen2-VL ([16, 24, 24, 0] of 64 pairs): for head_dim 16, [2, 3, 3, 0].
+    For text tokens llama.cpp gives the three first sections the token position and the
+    fourth position 0, so with section 3 empty the rope equals NEOX rope.
+    """
+    half = (n_embd // n_head) // 2
+    if rope_sections is None:
+        s1 = (3 * half) // 8
+        rope_sections = (half - 2 * s1, s1, s1, 0)
+    return _write(
+        path, "qwen2vl", seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        freq_base=freq_base, rms_eps=rms_eps, qkv_bias=True, rope_sections=rope_sections,
+        extra_kv=extra_kv,
+    )
