@@ -1,0 +1,1319 @@
+"""Reading and rewriting the metadata of GGUF files at disk speed, atomically.
+
+GGUF files are 5-100 GB; changing a few keys must cost neither a tensor-by-tensor
+rewrite nor gigabytes of memory. This module therefore never builds gguf-py's
+``GGUFReader`` over a file it rewrites. It parses the header with a streaming reader
+(:func:`read_header`: magic, version 2 or 3 in either byte order, counts, key/value pairs,
+tensor infos, ``general.alignment``), keeping only file offsets for the raw bytes, and
+writes a new file as
+
+* the new header: untouched key/value records and the tensor-info records copied
+  byte-exactly from the source, new records packed with gguf-py's constants, padded to the
+  alignment;
+* the data section copied as one block with ``os.copy_file_range`` (fallback
+  ``os.sendfile``, then a buffered copy). Tensor offsets are relative to the data section,
+  so the tensor-info records are reused unchanged.
+
+**The reserved key.** Every file written by :func:`write_rope_metadata` (``ggufrope
+set``) carries one extra key, :data:`KEY_RESERVED` (``ggufrope.reserved``), an array of
+zero ``UINT8`` placed last among the key/value pairs. Its length is chosen so that the
+header ends exactly where the data section starts and that the data section starts at the
+same offset modulo 4096 (or modulo ``general.alignment`` when larger) as in the source:
+copy-on-write filesystems (btrfs, XFS) can then share the data extents. It also keeps at
+least :data:`MIN_ROOM` bytes of room, so that a later ``set --in-place`` (new b, new k,
+log-n toggled) finds a header of exactly the old length and rewrites only the changed
+header bytes with a single ``pwrite`` (the header-only fast path), with no data copy.
+Stock llama.cpp ignores the key (unknown keys are only listed; arrays are not even put in
+its metadata map). :func:`reset_rope_metadata` removes it with the other ggufrope keys,
+so ``set`` followed by ``reset`` gives back the original file byte for byte (provided the
+original had no ggufrope keys).
+
+**Atomicity.** A new file is written to an unnamed ``O_TMPFILE`` inode in the destination
+directory (falling back to a named ``.NAME.ggufrope-tmp-XXXXXXXX`` file where the
+filesystem has no ``O_TMPFILE``), fsynced, linked under a temporary name and renamed over
+the destination with ``os.replace``; the directory is fsynced. On any exception the
+temporary file is removed; with ``O_TMPFILE`` not even SIGKILL leaves one behind (except
+in the microseconds between link and rename). The source is never modified, except by
+the in-place header-only fast path, which rewrites only bytes inside the header (never
+tensor data) in one ``pwrite`` and fsyncs.
+
+**Errors.** Everything a hostile or broken file can cause is a
+:class:`~ggufrope.errors.GGUFRopeError` with a one-line message; counts and lengths are
+checked against the bytes left in the file before anything is read or allocated.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import math
+import os
+import secrets
+import stat
+import struct
+from dataclasses import dataclass, field, replace
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+from . import keys as K
+from .errors import GGUFRopeError
+from .methods import DEFAULT_EXPONENT, FILE_METHODS, METHODS, canonical, check_exponent, check_factor
+
+__all__ = [
+    "KEY_RESERVED",
+    "MIN_ROOM",
+    "SUPPORTED_VERSIONS",
+    "ArrayValue",
+    "Header",
+    "KeyValue",
+    "TensorInfo",
+    "WriteResult",
+    "has_rope",
+    "read_header",
+    "read_rope_metadata",
+    "describe_method",
+    "write_rope_metadata",
+    "reset_rope_metadata",
+    "set_keys",
+]
+
+#: The padding key (see the module docstring): ARRAY of UINT8 zeros, always the last key.
+KEY_RESERVED = "ggufrope.reserved"
+#: Minimum room (bytes of the reserved array) left by a full rewrite, so that any later
+#: ``set`` of the ggufrope keys fits into the same header length (they need < 300 bytes).
+MIN_ROOM = 512
+#: GGUF versions read and written (v1 had 32-bit counts and is not supported).
+SUPPORTED_VERSIONS = (2, 3)
+#: ``O_TMPFILE`` / data-offset placement granularity (a page; CoW filesystems share extents
+#: only between equal offsets modulo their block size).
+PAGE = 4096
+
+GGML_MAX_DIMS = 4
+_STRING_KEEP_LIMIT = 1 << 20  # decoded string values longer than this are not kept
+_ARRAY_KEEP_LIMIT = 1024  # numeric arrays up to this length are kept as Python lists
+_CHUNK = 1 << 20
+
+_SCALAR_FORMATS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
+}
+_SHORT_TYPE = {
+    GGUFValueType.UINT8: "u8",
+    GGUFValueType.INT8: "i8",
+    GGUFValueType.UINT16: "u16",
+    GGUFValueType.INT16: "i16",
+    GGUFValueType.UINT32: "u32",
+    GGUFValueType.INT32: "i32",
+    GGUFValueType.FLOAT32: "f32",
+    GGUFValueType.BOOL: "bool",
+    GGUFValueType.STRING: "str",
+    GGUFValueType.ARRAY: "arr",
+    GGUFValueType.UINT64: "u64",
+    GGUFValueType.INT64: "i64",
+    GGUFValueType.FLOAT64: "f64",
+}
+_INT_TYPES = (
+    GGUFValueType.UINT8,
+    GGUFValueType.INT8,
+    GGUFValueType.UINT16,
+    GGUFValueType.INT16,
+    GGUFValueType.UINT32,
+    GGUFValueType.INT32,
+    GGUFValueType.UINT64,
+    GGUFValueType.INT64,
+)
+
+#: Architectures whose attention uses RoPE even when a file has neither
+#: ``{arch}.rope.freq_base`` nor ``{arch}.rope.dimension_count`` (llama.cpp then takes
+#: base 10000 and n_rot = head dim). See :func:`has_rope` for the rule.
+KNOWN_ROPE_ARCHS = frozenset(
+    """
+    llama llama4 deci mistral3 baichuan falcon gptneox gptj stablelm qwen qwen2 qwen2moe qwen2vl
+    qwen3 qwen3moe phi2 phi3 phimoe plamo plamo2 codeshell orion internlm2 minicpm minicpm3
+    gemma gemma2 gemma3 gemma3n starcoder2 olmo olmo2 olmoe openelm command-r cohere2 dbrx
+    deepseek deepseek2 chatglm glm4 glm4moe bitnet nemotron exaone exaone4 granite granitemoe
+    chameleon smollm3 ernie4_5 ernie4_5-moe hunyuan-moe hunyuan-dense arcee dots1 bailingmoe
+    grok xverse refact persimmon
+    """.split()
+)
+
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+# --------------------------------------------------------------------------- data model
+
+
+@dataclass(frozen=True)
+class ArrayValue:
+    """An ARRAY value: element type, length, and the values for short numeric arrays."""
+
+    elem_type: GGUFValueType
+    count: int
+    values: list | None = None
+
+    def __str__(self) -> str:
+        return f"arr[{_SHORT_TYPE[self.elem_type]},{self.count}]"
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    """One key/value record; ``start``/``end`` are its byte range in the file."""
+
+    key: str
+    vtype: GGUFValueType
+    value: Any
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor-info record (``shape`` in ggml order, ne[0] first; ``offset`` relative
+    to the data section)."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    offset: int
+    nbytes: int
+
+
+@dataclass
+class Header:
+    """A parsed GGUF header. Raw records stay in the file; only their offsets are kept."""
+
+    path: str
+    file_size: int
+    endian: str  # "<" little, ">" big
+    version: int
+    tensor_count: int
+    kvs: list[KeyValue]
+    tensor_info_start: int
+    tensor_info_end: int
+    alignment: int
+    data_offset: int
+    tensors: list[TensorInfo] = field(repr=False)
+    stat: os.stat_result | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index = {kv.key: i for i, kv in enumerate(self.kvs)}
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._index
+
+    def get(self, key: str) -> KeyValue | None:
+        i = self._index.get(key)
+        return None if i is None else self.kvs[i]
+
+    def value(self, key: str, default: Any = None) -> Any:
+        kv = self.get(key)
+        return default if kv is None else kv.value
+
+    @property
+    def architecture(self) -> str | None:
+        v = self.value("general.architecture")
+        return v if isinstance(v, str) else None
+
+    @property
+    def header_end(self) -> int:
+        return self.tensor_info_end
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """What a rewrite did."""
+
+    path: str
+    header_only: bool  #: True: in-place fast path, only header bytes were rewritten
+    data_offset: int  #: data section offset in the written file
+    source_data_offset: int
+    header_bytes: int  #: bytes of header written (fast path: the rewritten span only)
+    data_bytes: int  #: bytes of data section copied (0 on the fast path)
+    reserved: int | None  #: length of the reserved array, None when the file has none
+    removed: tuple[str, ...] = ()  #: keys of the source not in the result (reserved key included)
+    description: str | None = None  #: ``write_rope_metadata``: the method written, in words
+    notes: tuple[str, ...] = ()  #: remarks for the user (e.g. stock rope scaling also present)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _show(path: Any) -> str:
+    """A path for a one-line message (non-printable names are quoted)."""
+    s = os.fsdecode(path) if isinstance(path, (bytes, os.PathLike)) else str(path)
+    return s if s.isprintable() else repr(s)
+
+
+def _align(x: int, a: int) -> int:
+    return x + (-x % a)
+
+
+def _type_name(t: int) -> str:
+    try:
+        return GGUFValueType(t).name
+    except ValueError:
+        return str(t)
+
+
+def _f32(x: float) -> float:
+    """The float32 value nearest to ``x`` as a Python float, or ``inf`` on overflow."""
+    x = float(x)
+    if math.isfinite(x) and abs(x) > _F32_MAX * (1 + 2**-25):
+        return math.copysign(math.inf, x)
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
+def f32_repr(x: float) -> str:
+    """Shortest decimal that round-trips through float32 (``2.7`` rather than 2.70000004)."""
+    return str(np.float32(x))
+
+
+def _os_error(e: OSError, what: str, path: Any) -> GGUFRopeError:
+    reason = e.strerror or str(e)
+    return GGUFRopeError(f"{what} {_show(path)}: {reason}")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+class _Stream:
+    """Sequential reader over a file with a bounded buffer and size-checked reads."""
+
+    def __init__(self, f: BinaryIO, size: int, path: str):
+        self.f = f
+        self.size = size
+        self.path = path
+        self.buf = b""
+        self.pos = 0  # position in buf
+        self.base = 0  # file offset of buf[0]
+        self.endian = "<"
+        self._structs: dict[str, struct.Struct] = {}
+
+    def st(self, fmt: str) -> struct.Struct:
+        s = self._structs.get(fmt)
+        if s is None:
+            s = self._structs[fmt] = struct.Struct(self.endian + fmt)
+        return s
+
+    def tell(self) -> int:
+        return self.base + self.pos
+
+    def remaining(self) -> int:
+        return self.size - self.tell()
+
+    def error(self, msg: str) -> GGUFRopeError:
+        return GGUFRopeError(f"{_show(self.path)}: {msg}")
+
+    def truncated(self, what: str, n: int) -> GGUFRopeError:
+        return self.error(
+            f"truncated GGUF header: {what} at offset {self.tell()} needs {n} bytes, "
+            f"the file has {max(0, self.remaining())} left"
+        )
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.remaining():
+            raise self.truncated(what, n)
+        avail = len(self.buf) - self.pos
+        if avail >= n:
+            return
+        keep = self.buf[self.pos :]
+        self.base += self.pos
+        self.pos = 0
+        more = self.f.read(max(n - avail, _CHUNK))
+        self.buf = keep + more
+        if len(self.buf) < n:  # the file shrank under us
+            raise self.truncated(what, n)
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        s = self.st(fmt)
+        self.need(s.size, what)
+        (v,) = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return v
+
+    def take(self, n: int, what: str) -> bytes:
+        self.need(n, what)
+        b = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return b
+
+    def skip(self, n: int, what: str) -> None:
+        if n > self.remaining():
+            raise self.truncated(what, n)
+        if len(self.buf) - self.pos >= n:
+            self.pos += n
+            return
+        self.base = self.tell() + n
+        self.pos = 0
+        self.buf = b""
+        self.f.seek(self.base)
+
+    def string(self, what: str, keep: bool = True) -> str | None:
+        n = self.unpack("Q", f"length of {what}")
+        if n > self.remaining():
+            raise self.error(f"{what} has length {n}, beyond the end of the file ({self.remaining()} bytes left)")
+        if n <= _STRING_KEEP_LIMIT:
+            raw = self.take(n, what)
+            try:
+                s = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise self.error(f"{what} is not valid UTF-8 (byte {e.start})") from None
+            return s if keep else None
+        import codecs
+
+        dec = codecs.getincrementaldecoder("utf-8")()
+        left = n
+        try:
+            while left:
+                k = min(left, _CHUNK)
+                dec.decode(self.take(k, what))
+                left -= k
+            dec.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise self.error(f"{what} is not valid UTF-8") from None
+        return None
+
+    def skip_strings(self, count: int, what: str) -> None:
+        """Validate ``count`` strings (length-prefixed UTF-8) without keeping them."""
+        u64 = self.st("Q")
+        for i in range(count):
+            buf, pos = self.buf, self.pos
+            if pos + 8 <= len(buf):
+                (n,) = u64.unpack_from(buf, pos)
+                end = pos + 8 + n
+                if end <= len(buf):
+                    try:
+                        buf[pos + 8 : end].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise self.error(f"{what}[{i}] is not valid UTF-8") from None
+                    self.pos = end
+                    continue
+            self.string(f"{what}[{i}]", keep=False)
+
+
+def _parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
+    s = _Stream(f, st.st_size, path)
+    magic = s.take(4, "magic") if st.st_size >= 4 else None
+    if magic is None or struct.unpack("<I", magic)[0] != GGUF_MAGIC:
+        raise s.error("not a GGUF file (bad magic)")
+    s.need(4, "version")
+    (version,) = struct.unpack_from("<I", s.buf, s.pos)
+    if version & 0xFFFF == 0 and version != 0:  # written big-endian (as gguf-py detects it)
+        s.endian = ">"
+        version = struct.unpack(">I", struct.pack("<I", version))[0]
+    s.pos += 4
+    if version not in SUPPORTED_VERSIONS:
+        hint = " (GGUF v1 had 32-bit counts; convert it with a current llama.cpp)" if version == 1 else ""
+        raise s.error(f"unsupported GGUF version {version}{hint}; ggufrope reads versions 2 and 3")
+    tensor_count = s.unpack("Q", "tensor count")
+    kv_count = s.unpack("Q", "key/value count")
+    # every key/value takes at least 13 bytes, every tensor info 24: refuse counts the
+    # file cannot hold before looping over them
+    if kv_count * 13 + tensor_count * 24 > s.remaining():
+        raise s.error(
+            f"key/value count {kv_count} and tensor count {tensor_count} are beyond the file size "
+            f"({st.st_size} bytes)"
+        )
+
+    kvs: list[KeyValue] = []
+    seen: set[str] = builtins.set()
+    alignment = GGUF_DEFAULT_ALIGNMENT
+    for i in range(kv_count):
+        start = s.tell()
+        key = s.string(f"key #{i}")
+        assert key is not None
+        if key in seen:
+            raise s.error(f"duplicate key {key!r}")
+        seen.add(key)
+        value, vtype = _parse_value(s, key)
+        kvs.append(KeyValue(key, vtype, value, start, s.tell()))
+        if key == "general.alignment":
+            if vtype != GGUFValueType.UINT32:
+                raise s.error(f"key 'general.alignment' has type {vtype.name}, expected UINT32")
+            if value == 0 or value & (value - 1):
+                raise s.error(f"general.alignment = {value} is not a power of two")
+            alignment = value
+
+    ti_start = s.tell()
+    tensors: list[TensorInfo] = []
+    names: set[str] = builtins.set()
+    for i in range(tensor_count):
+        name = s.string(f"name of tensor #{i}")
+        assert name is not None
+        if name in names:
+            raise s.error(f"duplicate tensor name {name!r}")
+        names.add(name)
+        n_dims = s.unpack("I", f"dimension count of tensor {name!r}")
+        if n_dims > GGML_MAX_DIMS:
+            raise s.error(f"tensor {name!r} has {n_dims} dimensions (at most {GGML_MAX_DIMS})")
+        shape = tuple(s.unpack("Q", f"shape of tensor {name!r}") for _ in range(n_dims))
+        gtype = s.unpack("I", f"type of tensor {name!r}")
+        offset = s.unpack("Q", f"offset of tensor {name!r}")
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
+        except (ValueError, KeyError):
+            raise s.error(f"tensor {name!r} has unknown ggml type {gtype}") from None
+        ne = 1
+        for d in shape:
+            if d >= 1 << 63:
+                raise s.error(f"tensor {name!r} has a dimension beyond int64")
+            ne *= d
+        if shape and shape[0] % block:
+            raise s.error(f"tensor {name!r}: ne[0] = {shape[0]} is not a multiple of its block size {block}")
+        nbytes = ne // block * type_size
+        if offset % alignment:
+            raise s.error(f"tensor {name!r} has offset {offset}, not a multiple of the alignment {alignment}")
+        tensors.append(TensorInfo(name, shape, gtype, offset, nbytes))
+    ti_end = s.tell()
+
+    data_offset = _align(ti_end, alignment)
+    data_size = st.st_size - data_offset
+    need = max((t.offset + t.nbytes for t in tensors), default=0)
+    if tensors and need > data_size:
+        raise s.error(
+            f"truncated tensor data: the tensors need {need} bytes after offset {data_offset}, "
+            f"the file has {max(0, data_size)}"
+        )
+    return Header(
+        path=path,
+        file_size=st.st_size,
+        endian=s.endian,
+        version=version,
+        tensor_count=tensor_count,
+        kvs=kvs,
+        tensor_info_start=ti_start,
+        tensor_info_end=ti_end,
+        alignment=alignment,
+        data_offset=data_offset,
+        tensors=tensors,
+        stat=st,
+    )
+
+
+def _parse_value(s: _Stream, key: str) -> tuple[Any, GGUFValueType]:
+    raw_t = s.unpack("I", f"value type of {key!r}")
+    try:
+        vtype = GGUFValueType(raw_t)
+    except ValueError:
+        raise s.error(f"key {key!r} has unknown value type {raw_t}") from None
+    if vtype == GGUFValueType.STRING:
+        return s.string(f"value of {key!r}"), vtype
+    if vtype != GGUFValueType.ARRAY:
+        return s.unpack(_SCALAR_FORMATS[vtype], f"value of {key!r}"), vtype
+    raw_e = s.unpack("I", f"element type of {key!r}")
+    try:
+        etype = GGUFValueType(raw_e)
+    except ValueError:
+        raise s.error(f"array {key!r} has unknown element type {raw_e}") from None
+    if etype == GGUFValueType.ARRAY:
+        raise s.error(f"array {key!r} holds arrays (nested arrays are not supported by llama.cpp)")
+    count = s.unpack("Q", f"length of array {key!r}")
+    if etype == GGUFValueType.STRING:
+        if count * 8 > s.remaining():
+            raise s.error(f"array {key!r} has {count} strings, beyond the end of the file")
+        s.skip_strings(count, f"array {key!r}")
+        return ArrayValue(etype, count), vtype
+    st = s.st(_SCALAR_FORMATS[etype])
+    nbytes = count * st.size
+    if nbytes > s.remaining():
+        raise s.error(f"array {key!r} has {count} elements, beyond the end of the file")
+    if count <= _ARRAY_KEEP_LIMIT:
+        raw = s.take(nbytes, f"array {key!r}")
+        values = [v for (v,) in st.iter_unpack(raw)]
+        return ArrayValue(etype, count, values), vtype
+    s.skip(nbytes, f"array {key!r}")
+    return ArrayValue(etype, count), vtype
+
+
+def _stat_source(path: Any) -> tuple[str, os.stat_result]:
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise GGUFRopeError(f"no such file: {_show(p)}") from None
+    except OSError as e:
+        raise _os_error(e, "cannot access", p) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise GGUFRopeError(f"{_show(p)} is a directory, not a GGUF file")
+    if not stat.S_ISREG(st.st_mode):
+        raise GGUFRopeError(f"{_show(p)} is not a regular file")
+    return p, st
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """Parse the header of the GGUF file at ``path`` (streaming; nothing but the header
+    is read, and no more than about 1 MiB is held at a time besides small values).
+
+    Raises :class:`GGUFRopeError` for every problem with the path or the file.
+    """
+    p, _ = _stat_source(path)
+    try:
+        with open(p, "rb", buffering=0) as f:
+            return _parse(f, p, os.fstat(f.fileno()))
+    except GGUFRopeError:
+        raise
+    except OSError as e:
+        raise _os_error(e, "cannot read", p) from None
+
+
+# --------------------------------------------------------------------------- rope metadata
+
+#: Types of the keys ggufrope reads, as llama.cpp's loader requires them
+#: (``{arch}.attention.head_count`` may also be a per-layer array).
+_READ_TYPES: dict[str, tuple[GGUFValueType, ...]] = {
+    K.KEY_CONTEXT_LENGTH: (GGUFValueType.UINT32,),
+    K.KEY_ORIG_CTX: (GGUFValueType.UINT32,),
+    K.KEY_FREQ_BASE: (GGUFValueType.FLOAT32,),
+    K.KEY_ROPE_DIMS: (GGUFValueType.UINT32,),
+    K.KEY_SCALING_TYPE: (GGUFValueType.STRING,),
+    K.KEY_SCALING_FACTOR: (GGUFValueType.FLOAT32,),
+    "{arch}.attention.key_length": (GGUFValueType.UINT32,),
+    "{arch}.embedding_length": (GGUFValueType.UINT32,),
+    "{arch}.attention.head_count": (GGUFValueType.UINT32, GGUFValueType.ARRAY),
+}
+
+
+def _check_types(h: Header, arch: str, *, ggufrope_keys: bool) -> None:
+    table = dict(_READ_TYPES)
+    if ggufrope_keys:
+        table.update({t: (vt,) for t, vt in K.KEY_TYPES.items()})
+    for tmpl, types in table.items():
+        name = K.key(tmpl, arch)
+        kv = h.get(name)
+        if kv is not None and kv.vtype not in types:
+            want = " or ".join(t.name for t in types)
+            raise GGUFRopeError(f"{_show(h.path)}: key {name!r} has type {kv.vtype.name}, expected {want}")
+
+
+def _architecture(h: Header) -> str:
+    kv = h.get("general.architecture")
+    if kv is None:
+        raise GGUFRopeError(f"{_show(h.path)}: no general.architecture key")
+    if kv.vtype != GGUFValueType.STRING:
+        raise GGUFRopeError(f"{_show(h.path)}: key 'general.architecture' has type {kv.vtype.name}, expected STRING")
+    if not kv.value:
+        raise GGUFRopeError(f"{_show(h.path)}: general.architecture is empty")
+    return kv.value
+
+
+def has_rope(h: Header, arch: str) -> bool:
+    """The rule by which ``set`` refuses a file: the architecture has RoPE when the file
+    has ``{arch}.rope.freq_base`` or ``{arch}.rope.dimension_count``, or ``arch`` is in
+    :data:`KNOWN_ROPE_ARCHS` (llama.cpp's rope architectures whose converters may omit
+    both). BERT, GPT-2, MPT, BLOOM, T5, Mamba, RWKV and the like have none of these."""
+    return K.key(K.KEY_FREQ_BASE, arch) in h or K.key(K.KEY_ROPE_DIMS, arch) in h or arch in KNOWN_ROPE_ARCHS
+
+
+def _rope_dims(h: Header, arch: str) -> tuple[int | None, str | None]:
+    for tmpl in (K.KEY_ROPE_DIMS, "{arch}.attention.key_length"):
+        v = h.value(K.key(tmpl, arch))
+        if isinstance(v, int):
+            return v, K.key(tmpl, arch)
+    emb = h.value(K.key("{arch}.embedding_length", arch))
+    heads = h.value(K.key("{arch}.attention.head_count", arch))
+    if isinstance(heads, ArrayValue):
+        vals = [v for v in (heads.values or []) if v]
+        heads = max(vals) if vals else None
+    if isinstance(emb, int) and isinstance(heads, int) and heads > 0:
+        return emb // heads, f"{K.key('{arch}.embedding_length', arch)} / head_count"
+    return None, None
+
+
+def describe_method(meta: Mapping[str, Any]) -> str:
+    """The active method in words, e.g.
+    ``ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on``."""
+    m = meta.get("method")
+    L = meta.get("n_ctx_orig")
+    auto = f"auto (max(1, n_ctx/{L}))" if L else "auto (max(1, n_ctx/L))"
+    if m is None:
+        st = meta.get("stock_scaling_type")
+        if st and st != "none":
+            f = meta.get("stock_scaling_factor")
+            fs = f" (factor {f32_repr(f)})" if f is not None else ""
+            return f"no ggufrope method; stock llama.cpp rope scaling {st!r}{fs}"
+        return "none (no ggufrope keys: plain RoPE, as stock llama.cpp)"
+    parts = [m]
+    if m == "ntk-mixed":
+        parts.append(f"b = {f32_repr(meta['exponent'])}")
+    if m != "none":
+        k = meta.get("factor")
+        parts.append(f"k = {f32_repr(k)}" if k is not None else f"k = {auto}")
+    parts.append("log-n on" if meta.get("logn") else "log-n off")
+    return ", ".join(parts)
+
+
+def _n_ctx_orig(h: Header, arch: str) -> tuple[int | None, str | None]:
+    """L and the key it comes from: original_context_length when non-zero, else
+    context_length (as llama.cpp's n_ctx_orig_yarn); (None, None) when neither."""
+    for tmpl in (K.KEY_ORIG_CTX, K.KEY_CONTEXT_LENGTH):
+        x = h.value(K.key(tmpl, arch))
+        if isinstance(x, int) and not isinstance(x, bool) and x > 0:
+            return x, K.key(tmpl, arch)
+    return None, None
+
+
+def _rope_meta(h: Header) -> dict[str, Any]:
+    arch = _architecture(h)
+    _check_types(h, arch, ggufrope_keys=True)
+    v = lambda tmpl: h.value(K.key(tmpl, arch))  # noqa: E731
+    ctx = v(K.KEY_CONTEXT_LENGTH)
+    L, L_src = _n_ctx_orig(h, arch)
+    dims, dims_src = _rope_dims(h, arch)
+    method, factor, exponent = v(K.KEY_METHOD), v(K.KEY_FACTOR), v(K.KEY_EXPONENT)
+    logn = v(K.KEY_LOGN)
+    where = _show(h.path)
+    if method is not None and method not in FILE_METHODS:
+        raise GGUFRopeError(
+            f"{where}: {K.key(K.KEY_METHOD, arch)} = {method!r} is not one of {', '.join(FILE_METHODS)}; "
+            "fix it with ggufrope set or ggufrope reset"
+        )
+    try:
+        if factor is not None:
+            check_factor(factor)
+        if exponent is not None:
+            check_exponent(exponent)
+    except ValueError as e:
+        raise GGUFRopeError(f"{where}: invalid ggufrope metadata: {e}; fix it with ggufrope set or ggufrope reset") from None
+    present = {name: h.value(name) for name in K.ggufrope_keys(arch) if name in h}
+    if method is None and (present or False):
+        raise GGUFRopeError(
+            f"{where}: ggufrope keys without {K.key(K.KEY_METHOD, arch)}; fix it with ggufrope set or ggufrope reset"
+        )
+    reserved = h.get(KEY_RESERVED)
+    meta: dict[str, Any] = {
+        "path": h.path,
+        "gguf_version": h.version,
+        "endian": "little" if h.endian == "<" else "big",
+        "file_size": h.file_size,
+        "tensor_count": h.tensor_count,
+        "kv_count": len(h.kvs),
+        "alignment": h.alignment,
+        "data_offset": h.data_offset,
+        "architecture": arch,
+        "has_rope": has_rope(h, arch),
+        "context_length": ctx,
+        "n_ctx_orig": L,
+        "n_ctx_orig_key": L_src,
+        "freq_base": v(K.KEY_FREQ_BASE),
+        "rope_dims": dims,
+        "rope_dims_source": dims_src,
+        "stock_scaling_type": v(K.KEY_SCALING_TYPE),
+        "stock_scaling_factor": v(K.KEY_SCALING_FACTOR),
+        "ggufrope_keys": {k_: (bool(x) if isinstance(x, bool) else x) for k_, x in present.items()},
+        "method": method,
+        "factor": factor,
+        "exponent": exponent,
+        "logn": bool(logn) if logn is not None else False,
+        "reserved": reserved.value.count if reserved is not None and isinstance(reserved.value, ArrayValue) else None,
+    }
+    meta["description"] = describe_method(meta)
+    return meta
+
+
+def read_rope_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The rope-relevant metadata of a GGUF file, as a JSON-serialisable dict.
+
+    Keys: ``path``, ``gguf_version``, ``endian``, ``file_size``, ``tensor_count``,
+    ``kv_count``, ``alignment``, ``data_offset``, ``architecture``, ``has_rope``,
+    ``context_length``, ``n_ctx_orig`` (L: ``{arch}.rope.scaling.original_context_length``
+    when non-zero, else ``{arch}.context_length``; None when neither), ``n_ctx_orig_key``,
+    ``freq_base``, ``rope_dims`` and ``rope_dims_source``, ``stock_scaling_type`` and
+    ``stock_scaling_factor`` (stock llama.cpp's keys, None when absent),
+    ``ggufrope_keys`` (full key name -> value, the keys present), ``method`` (None when the
+    file has no ggufrope keys), ``factor`` (None: auto), ``exponent``, ``logn`` (bool),
+    ``reserved`` (length of the reserved array, or None) and ``description`` (the active
+    method in words, see :func:`describe_method`).
+
+    Raises :class:`GGUFRopeError` for unreadable or invalid files, keys of the wrong type,
+    and invalid ggufrope values (a method not in ``FILE_METHODS``, k < 1, b outside (0, 1]).
+    """
+    return _rope_meta(read_header(path))
+
+
+def _rope_values(method: str, factor: float | None, exponent: float | None, logn: bool) -> tuple[str, float | None, float | None, bool]:
+    try:
+        m = canonical(str(method))
+    except ValueError as e:
+        raise GGUFRopeError(str(e)) from None
+    if m not in FILE_METHODS:
+        how = {
+            "linear": "--rope-scaling linear --rope-scale K",
+            "yarn": "--rope-scaling yarn --rope-scale K --yarn-orig-ctx L",
+        }.get(m, "its own options")
+        raise GGUFRopeError(
+            f"method {m!r} ({METHODS[m].title}) is stock llama.cpp's own and is not stored by ggufrope; "
+            f"use llama.cpp's {how} instead"
+        )
+    if factor is not None:
+        if m == "none":
+            raise GGUFRopeError("a factor k has no effect with method 'none'")
+        try:
+            k = check_factor(factor)
+            check_factor(_f32(k))
+        except (ValueError, TypeError) as e:
+            raise GGUFRopeError(str(e)) from None
+        factor = _f32(k)
+    if m == "ntk-mixed":
+        try:
+            b = check_exponent(DEFAULT_EXPONENT if exponent is None else exponent)
+            check_exponent(_f32(b))
+        except (ValueError, TypeError) as e:
+            raise GGUFRopeError(str(e)) from None
+        exponent = _f32(b)
+    elif exponent is not None:
+        raise GGUFRopeError(f"the exponent b applies to ntk-mixed only, not to {m!r}")
+    return m, factor, exponent, bool(logn)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _pack_string(endian: str, s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack(endian + "Q", len(b)) + b
+
+
+def _infer_type(value: Any) -> GGUFValueType:
+    if isinstance(value, bool):
+        return GGUFValueType.BOOL
+    if isinstance(value, str):
+        return GGUFValueType.STRING
+    if isinstance(value, float):
+        return GGUFValueType.FLOAT32
+    if isinstance(value, int):
+        return GGUFValueType.UINT32 if 0 <= value < 1 << 32 else GGUFValueType.INT64
+    raise GGUFRopeError(f"cannot store a value of type {type(value).__name__} (give (GGUFValueType, value))")
+
+
+def _pack_kv(endian: str, key: str, vtype: GGUFValueType, value: Any) -> bytes:
+    """One key/value record packed with gguf-py's type codes (scalars and strings)."""
+    vtype = GGUFValueType(vtype)
+    head = _pack_string(endian, key) + struct.pack(endian + "I", vtype)
+    if vtype == GGUFValueType.STRING:
+        if not isinstance(value, str):
+            raise GGUFRopeError(f"value of {key!r} must be a string")
+        return head + _pack_string(endian, value)
+    if vtype == GGUFValueType.ARRAY:
+        raise GGUFRopeError(f"set_keys cannot write arrays ({key!r})")
+    fmt = _SCALAR_FORMATS[vtype]
+    if vtype == GGUFValueType.FLOAT32:
+        value = _f32(value)
+    try:
+        return head + struct.pack(endian + fmt, value)
+    except (struct.error, TypeError) as e:
+        raise GGUFRopeError(f"value {value!r} does not fit {vtype.name} for {key!r}: {e}") from None
+
+
+def _reserved_overhead(endian: str) -> int:
+    return len(_pack_string(endian, KEY_RESERVED)) + 4 + 4 + 8
+
+
+def _pack_reserved(endian: str, n: int) -> bytes:
+    return (
+        _pack_string(endian, KEY_RESERVED)
+        + struct.pack(endian + "IIQ", GGUFValueType.ARRAY, GGUFValueType.UINT8, n)
+        + bytes(n)
+    )
+
+
+# A header segment: bytes to write, or (start, end) range to copy from the source.
+_Segment = "bytes | tuple[int, int]"
+
+
+def _seg_len(seg: Any) -> int:
+    return len(seg) if isinstance(seg, (bytes, bytearray)) else seg[1] - seg[0]
+
+
+@dataclass
+class _Plan:
+    segments: list  # header segments, in order
+    header_len: int  # == data offset of the new file
+    reserved: int | None
+
+
+def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iterable[str], *, reserve: bool, keep_offset: bool) -> _Plan:
+    e = h.endian
+    drop = builtins.set(remove) | {KEY_RESERVED}
+    records: list[Any] = []
+    count = 0
+    done: set[str] = builtins.set()
+    for kv in h.kvs:
+        if kv.key in drop:
+            continue
+        if kv.key in set_:
+            vt, val = set_[kv.key]
+            records.append(_pack_kv(e, kv.key, vt, val))
+            done.add(kv.key)
+        else:
+            records.append((kv.start, kv.end))
+        count += 1
+    for name, (vt, val) in set_.items():
+        if name not in done:
+            records.append(_pack_kv(e, name, vt, val))
+            count += 1
+    fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, count + reserve)
+    ti = (h.tensor_info_start, h.tensor_info_end)
+    base = len(fixed) + sum(_seg_len(r) for r in records) + _seg_len(ti)
+    if not reserve:
+        end = _align(base, h.alignment)
+        return _Plan([fixed, *records, ti, bytes(end - base)], end, None)
+    over = _reserved_overhead(e)
+    if keep_offset and base + over <= h.data_offset:
+        end = h.data_offset
+    else:
+        mod = max(PAGE, h.alignment)
+        want = base + over + MIN_ROOM
+        end = want + (h.data_offset - want) % mod
+    n = end - base - over
+    return _Plan([fixed, *records, _pack_reserved(e, n), ti], end, n)
+
+
+_CFR_FALLBACK = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EPERM}
+#: switches for tests: which copy mechanisms may be used
+_USE_COPY_FILE_RANGE = hasattr(os, "copy_file_range")
+_USE_SENDFILE = hasattr(os, "sendfile")
+
+
+def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
+    """Copy ``count`` bytes at ``src_off`` to ``dst_off``: copy_file_range (reflinks on
+    CoW filesystems), else sendfile, else a 1 MiB buffered copy."""
+    use_cfr, use_sf = _USE_COPY_FILE_RANGE, _USE_SENDFILE
+    while count > 0:
+        step = min(count, 1 << 30)
+        if use_cfr:
+            try:
+                n = os.copy_file_range(src_fd, dst_fd, step, src_off, dst_off)
+            except OSError as e:
+                if e.errno in _CFR_FALLBACK:
+                    use_cfr = False
+                    continue
+                raise
+            if n == 0:  # unsupported source (procfs-like) or the file shrank: let the others decide
+                use_cfr = False
+                continue
+        elif use_sf:
+            try:
+                os.lseek(dst_fd, dst_off, os.SEEK_SET)
+                n = os.sendfile(dst_fd, src_fd, src_off, step)
+            except OSError as e:
+                if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    use_sf = False
+                    continue
+                raise
+            if n == 0:
+                raise GGUFRopeError("the source file shrank while it was being copied")
+        else:
+            data = os.pread(src_fd, min(step, _CHUNK), src_off)
+            if not data:
+                raise GGUFRopeError("the source file shrank while it was being copied")
+            view = memoryview(data)
+            n = 0
+            while n < len(data):
+                n += os.pwrite(dst_fd, view[n:], dst_off + n)
+        src_off += n
+        dst_off += n
+        count -= n
+
+
+def _write_segments(src_fd: int, dst_fd: int, segments: list, at: int = 0) -> int:
+    pos = at
+    for seg in segments:
+        if isinstance(seg, (bytes, bytearray)):
+            view = memoryview(seg)
+            done = 0
+            while done < len(seg):
+                done += os.pwrite(dst_fd, view[done:], pos + done)
+            pos += len(seg)
+        else:
+            _copy_range(src_fd, dst_fd, seg[0], pos, seg[1] - seg[0])
+            pos += seg[1] - seg[0]
+    return pos - at
+
+
+#: switch for tests: may unnamed O_TMPFILE files be used
+_USE_O_TMPFILE = hasattr(os, "O_TMPFILE")
+_tmpfile_ok: dict[int, bool] = {}
+
+
+def _link_fd(fd: int, name: str) -> None:
+    """Give the unnamed (O_TMPFILE) file ``fd`` the name ``name`` (linkat with
+    AT_SYMLINK_FOLLOW on /proc/self/fd/N, as open(2) documents)."""
+    proc = os.open("/proc/self/fd", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.link(str(fd), name, src_dir_fd=proc, follow_symlinks=True)
+    finally:
+        os.close(proc)
+
+
+def _tmpfile_works(d: str) -> bool:
+    """Whether directory ``d``'s filesystem supports O_TMPFILE files that can be linked
+    (probed once per device with an empty file)."""
+    if not _USE_O_TMPFILE or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        dev = os.stat(d).st_dev
+    except OSError:
+        return False
+    ok = _tmpfile_ok.get(dev)
+    if ok is None:
+        ok = False
+        try:
+            fd = os.open(d, os.O_RDWR | os.O_TMPFILE | getattr(os, "O_CLOEXEC", 0), 0o600)
+        except OSError:
+            fd = -1
+        if fd >= 0:
+            name = os.path.join(d, f".ggufrope-probe-{secrets.token_hex(6)}")
+            try:
+                _link_fd(fd, name)
+                os.unlink(name)
+                ok = True
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        _tmpfile_ok[dev] = ok
+    return ok
+
+
+class _AtomicFile:
+    """A new file that appears at ``dst`` complete or not at all."""
+
+    def __init__(self, dst: str, mode: int):
+        self.dst = dst
+        self.dir = os.path.dirname(os.path.abspath(dst)) or "."
+        self.name: str | None = None  # named temporary file, if any
+        self.fd = -1
+        flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+        if _tmpfile_works(self.dir):
+            try:
+                self.fd = os.open(self.dir, flags | os.O_TMPFILE, mode & 0o777)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+                    raise _os_error(e, "cannot create a file in", self.dir) from None
+        if self.fd < 0:
+            for _ in range(100):
+                name = os.path.join(self.dir, f".{os.path.basename(dst)}.ggufrope-tmp-{secrets.token_hex(4)}")
+                try:
+                    self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode & 0o777)
+                except FileExistsError:
+                    continue
+                except OSError as e:
+                    raise _os_error(e, "cannot create a file in", self.dir) from None
+                self.name = name
+                break
+            else:  # pragma: no cover
+                raise GGUFRopeError(f"cannot create a temporary file in {_show(self.dir)}")
+
+    def commit(self) -> None:
+        os.fsync(self.fd)
+        if self.name is None:
+            for _ in range(100):
+                name = os.path.join(self.dir, f".{os.path.basename(self.dst)}.ggufrope-tmp-{secrets.token_hex(4)}")
+                try:
+                    _link_fd(self.fd, name)
+                except FileExistsError:
+                    continue
+                self.name = name
+                break
+            else:  # pragma: no cover
+                raise GGUFRopeError(f"cannot create a temporary file in {_show(self.dir)}")
+        os.replace(self.name, self.dst)
+        self.name = None
+        os.close(self.fd)
+        self.fd = -1
+        _fsync_dir(self.dir)
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+        if self.name is not None:
+            try:
+                os.unlink(self.name)
+            except OSError:
+                pass
+            self.name = None
+
+
+def _fsync_dir(d: str) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _umask() -> int:
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+def _rewrite(
+    src: str | os.PathLike,
+    dst: str | os.PathLike | None,
+    build: Callable[[Header], tuple[Mapping[str, tuple[GGUFValueType, Any]], Iterable[str]]],
+    *,
+    reserve: bool,
+) -> WriteResult:
+    """Rewrite ``src`` into ``dst`` (None or the same file: in place) with the keys that
+    ``build(header)`` returns as ``(set, remove)``."""
+    src_p, st = _stat_source(src)
+    in_place = dst is None or _same_file(src_p, os.fspath(dst))
+    if in_place:
+        dst_p = os.path.realpath(src_p)  # replace the file, not a symlink to it
+        if not os.access(src_p, os.W_OK):
+            raise GGUFRopeError(f"no permission to write {_show(src_p)}")
+    else:
+        dst_p = os.fsdecode(os.fspath(dst))
+        if os.path.isdir(dst_p):
+            raise GGUFRopeError(f"output {_show(dst_p)} is a directory")
+        d = os.path.dirname(os.path.abspath(dst_p))
+        if not os.path.isdir(d):
+            raise GGUFRopeError(f"output directory {_show(d)} does not exist")
+    try:
+        src_fd = os.open(src_p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _os_error(e, "cannot open", src_p) from None
+    try:
+        with open(src_fd, "rb", buffering=0, closefd=False) as f:
+            st = os.fstat(src_fd)
+            h = _parse(f, src_p, st)
+        set_, remove = build(h)
+        remove = list(remove)
+        plan = _plan(h, set_, remove, reserve=reserve, keep_offset=in_place)
+        gone = builtins.set(remove) | {KEY_RESERVED}
+        removed = tuple(kv.key for kv in h.kvs if kv.key in gone and kv.key not in set_ and not (reserve and kv.key == KEY_RESERVED))
+        if in_place and plan.header_len == h.data_offset:
+            return replace(_rewrite_header_in_place(src_p, src_fd, h, plan), removed=removed)
+        mode = (st.st_mode & 0o7777) if in_place else (st.st_mode & 0o777 & ~_umask())
+        out = _AtomicFile(dst_p, mode)
+        try:
+            if in_place:
+                try:
+                    os.fchmod(out.fd, st.st_mode & 0o7777)
+                except OSError:
+                    pass
+            n = _write_segments(src_fd, out.fd, plan.segments)
+            assert n == plan.header_len
+            data = h.file_size - h.data_offset if h.data_offset <= h.file_size else 0
+            _copy_range(src_fd, out.fd, h.data_offset, plan.header_len, data)
+            os.ftruncate(out.fd, plan.header_len + data)
+            # check what was written before it replaces anything
+            with open(out.fd, "rb", buffering=0, closefd=False) as g:
+                g.seek(0)
+                h2 = _parse(g, dst_p, os.fstat(out.fd))
+            if h2.data_offset != plan.header_len or h2.tensors != h.tensors:
+                raise GGUFRopeError(f"internal error: the header written for {_show(dst_p)} does not read back")
+            out.commit()
+        except BaseException as e:
+            out.abort()
+            if isinstance(e, OSError):
+                raise _os_error(e, "cannot write", dst_p) from None
+            raise
+        return WriteResult(dst_p, False, plan.header_len, h.data_offset, plan.header_len, data, plan.reserved, removed)
+    except OSError as e:
+        raise _os_error(e, "cannot read", src_p) from None
+    finally:
+        os.close(src_fd)
+
+
+def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> WriteResult:
+    """The fast path: the new header has exactly the old length; write the bytes that
+    differ (one span) with one pwrite, then fsync. Tensor data is never touched."""
+    # The span to rewrite: everything but the leading segments copied from their own place.
+    pos = 0
+    lo = None
+    hi = 0
+    for seg in plan.segments:
+        n = _seg_len(seg)
+        unchanged = not isinstance(seg, (bytes, bytearray)) and seg[0] == pos
+        if isinstance(seg, (bytes, bytearray)) and os.pread(src_fd, n, pos) == seg:
+            unchanged = True
+        if not unchanged:
+            lo = pos if lo is None else lo
+            hi = pos + n
+        pos += n
+    assert pos == h.data_offset
+    if lo is None:
+        return WriteResult(path, True, h.data_offset, h.data_offset, 0, 0, plan.reserved)
+    buf = bytearray()
+    pos = 0
+    for seg in plan.segments:
+        n = _seg_len(seg)
+        if pos + n > lo and pos < hi:
+            b = seg if isinstance(seg, (bytes, bytearray)) else os.pread(src_fd, n, seg[0])
+            if len(b) != n:
+                raise GGUFRopeError(f"{_show(path)} changed while ggufrope was reading it")
+            buf += b[max(0, lo - pos) : min(n, hi - pos)]
+        pos += n
+    # trim bytes equal to the old ones at both ends (the reserved zeros mostly are)
+    old = os.pread(src_fd, len(buf), lo)
+    if len(old) != len(buf):
+        raise GGUFRopeError(f"{_show(path)} changed while ggufrope was reading it")
+    diff = np.flatnonzero(np.frombuffer(bytes(buf), np.uint8) != np.frombuffer(old, np.uint8))
+    if not len(diff):
+        return WriteResult(path, True, h.data_offset, h.data_offset, 0, 0, plan.reserved)
+    a, z = int(diff[0]), int(diff[-1]) + 1
+    buf, lo = buf[a:z], lo + a
+    try:
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _os_error(e, "cannot open for writing", path) from None
+    try:
+        st = os.fstat(fd)
+        old = h.stat
+        if old is not None and (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns) != (
+            old.st_ino,
+            old.st_dev,
+            old.st_size,
+            old.st_mtime_ns,
+        ):
+            raise GGUFRopeError(f"{_show(path)} changed while ggufrope was reading it")
+        if os.pwrite(fd, bytes(buf), lo) != len(buf):
+            raise GGUFRopeError(f"short write to {_show(path)}")
+        os.fsync(fd)
+    except OSError as e:
+        raise _os_error(e, "cannot write", path) from None
+    finally:
+        os.close(fd)
+    return WriteResult(path, True, h.data_offset, h.data_offset, len(buf), 0, plan.reserved)
+
+
+def _normalise_set(set_: Mapping[str, Any] | None) -> dict[str, tuple[GGUFValueType, Any]]:
+    out: dict[str, tuple[GGUFValueType, Any]] = {}
+    for name, v in (set_ or {}).items():
+        if not isinstance(name, str) or not name:
+            raise GGUFRopeError(f"invalid key name {name!r}")
+        if isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], (GGUFValueType, int)) and not isinstance(v[0], bool):
+            try:
+                vt = GGUFValueType(v[0])
+            except ValueError:
+                raise GGUFRopeError(f"unknown value type {v[0]!r} for {name!r}") from None
+            out[name] = (vt, v[1])
+        else:
+            out[name] = (_infer_type(v), v)
+    return out
+
+
+_PROTECTED = ("general.alignment", "general.architecture", KEY_RESERVED)
+
+
+def set_keys(
+    src: str | os.PathLike,
+    dst: str | os.PathLike | None,
+    set: Mapping[str, Any] | None = None,  # noqa: A002  (the name the API promises)
+    remove: Iterable[str] = (),
+    *,
+    reserve: bool = True,
+) -> WriteResult:
+    """Write a copy of ``src`` to ``dst`` with keys set and removed; tensor data untouched.
+
+    ``set`` maps key -> value or ``(GGUFValueType, value)`` (scalars and strings; a bare
+    ``str``/``bool``/``float``/``int`` is stored as STRING/BOOL/FLOAT32/UINT32, INT64 when
+    outside uint32). An existing key keeps its position; new keys are appended. ``remove``
+    lists keys to drop (absent keys are ignored); keys both removed and set are moved to
+    the end. ``general.alignment``, ``general.architecture`` and :data:`KEY_RESERVED` cannot
+    be set or removed. With ``reserve`` the reserved key is written (see the module
+    docstring), without it any reserved key is removed.
+
+    ``dst`` None, or the same file as ``src``: in place — header-only rewrite when the new
+    header has the old length, else an atomic replacement of the whole file.
+    """
+    s = _normalise_set(set)
+    rm = list(remove)
+    for name in list(s) + rm:
+        if name in _PROTECTED:
+            raise GGUFRopeError(f"key {name!r} cannot be set or removed")
+    return _rewrite(src, dst, lambda h: (s, rm), reserve=reserve)
+
+
+def write_rope_metadata(
+    src: str | os.PathLike,
+    dst: str | os.PathLike | None,
+    *,
+    method: str,
+    factor: float | None = None,
+    exponent: float | None = None,
+    logn: bool = False,
+) -> WriteResult:
+    """Write the ggufrope keys of ``keys.py`` for the file's architecture (``ggufrope set``).
+
+    ``method``: a name or alias from the method registry; only ``FILE_METHODS`` (``none``,
+    ``ntk``, ``ntk-fixed``, ``ntk-mixed``) can be stored — ``linear``/``yarn`` are stock
+    llama.cpp's own. ``factor`` k >= 1 is written only when given (absent: the library
+    takes k = max(1, n_ctx/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
+    0.625); ``logn`` always. Every ggufrope key the call does not write is removed, so the
+    file holds exactly the new state. Refuses architectures without RoPE (:func:`has_rope`).
+    Returns a :class:`WriteResult`; ``dst`` as in :func:`set_keys`.
+    """
+    m, k, b, ln = _rope_values(method, factor, exponent, logn)
+
+    def build(h: Header) -> tuple[dict[str, tuple[GGUFValueType, Any]], list[str]]:
+        arch = _architecture(h)
+        _check_types(h, arch, ggufrope_keys=False)  # ggufrope keys are replaced anyway
+        if not has_rope(h, arch):
+            raise GGUFRopeError(
+                f"{_show(h.path)}: architecture {arch!r} has no RoPE (no {K.key(K.KEY_FREQ_BASE, arch)} "
+                f"or {K.key(K.KEY_ROPE_DIMS, arch)} key, and not a known rope architecture)"
+            )
+        values: dict[str, tuple[GGUFValueType, Any]] = {K.key(K.KEY_METHOD, arch): (GGUFValueType.STRING, m)}
+        if k is not None:
+            values[K.key(K.KEY_FACTOR, arch)] = (GGUFValueType.FLOAT32, k)
+        if b is not None:
+            values[K.key(K.KEY_EXPONENT, arch)] = (GGUFValueType.FLOAT32, b)
+        values[K.key(K.KEY_LOGN, arch)] = (GGUFValueType.BOOL, ln)
+        L, _ = _n_ctx_orig(h, arch)
+        info["description"] = describe_method({"method": m, "factor": k, "exponent": b, "logn": ln, "n_ctx_orig": L})
+        notes = []
+        stype = h.value(K.key(K.KEY_SCALING_TYPE, arch))
+        if isinstance(stype, str) and stype not in ("", "none"):
+            notes.append(
+                f"the file also has stock llama.cpp rope scaling {K.key(K.KEY_SCALING_TYPE, arch)} = {stype!r}; "
+                "ggufrope's method applies on top of it"
+            )
+        if L is None:
+            notes.append(f"the file has no {K.key(K.KEY_CONTEXT_LENGTH, arch)}: L is unknown")
+        info["notes"] = tuple(notes)
+        return values, K.ggufrope_keys(arch)
+
+    info: dict[str, Any] = {}
+    r = _rewrite(src, dst, build, reserve=True)
+    return replace(r, description=info.get("description"), notes=info.get("notes", ()))
+
+
+def reset_rope_metadata(src: str | os.PathLike, dst: str | os.PathLike | None) -> WriteResult:
+    """Remove every ggufrope key, the reserved key included (``ggufrope reset``).
+
+    A file written by ``set`` from a file without ggufrope keys comes back byte-identical.
+    """
+    return _rewrite(src, dst, lambda h: ({}, K.ggufrope_keys(_architecture(h))), reserve=False)
