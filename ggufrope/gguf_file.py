@@ -363,7 +363,10 @@ class _Stream:
     def string(self, what: str, keep: bool = True) -> str | None:
         n = self.unpack("Q", f"length of {what}")
         if n > self.remaining():
-            raise self.error(f"{what} has length {n}, beyond the end of the file ({self.remaining()} bytes left)")
+            raise self.error(
+                f"truncated GGUF header or corrupt length: {what} has length {n}, "
+                f"beyond the end of the file ({self.remaining()} bytes left)"
+            )
         if n <= _STRING_KEEP_LIMIT:
             raw = self.take(n, what)
             try:
@@ -423,8 +426,8 @@ def _parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
     # file cannot hold before looping over them
     if kv_count * 13 + tensor_count * 24 > s.remaining():
         raise s.error(
-            f"key/value count {kv_count} and tensor count {tensor_count} are beyond the file size "
-            f"({st.st_size} bytes)"
+            f"truncated GGUF header or corrupt counts: {kv_count} key/values and {tensor_count} tensors "
+            f"cannot fit in the {s.remaining()} bytes left"
         )
 
     kvs: list[KeyValue] = []
@@ -522,13 +525,13 @@ def _parse_value(s: _Stream, key: str) -> tuple[Any, GGUFValueType]:
     count = s.unpack("Q", f"length of array {key!r}")
     if etype == GGUFValueType.STRING:
         if count * 8 > s.remaining():
-            raise s.error(f"array {key!r} has {count} strings, beyond the end of the file")
+            raise s.error(f"truncated GGUF header or corrupt length: array {key!r} has {count} strings, beyond the end of the file")
         s.skip_strings(count, f"array {key!r}")
         return ArrayValue(etype, count), vtype
     st = s.st(_SCALAR_FORMATS[etype])
     nbytes = count * st.size
     if nbytes > s.remaining():
-        raise s.error(f"array {key!r} has {count} elements, beyond the end of the file")
+        raise s.error(f"truncated GGUF header or corrupt length: array {key!r} has {count} elements, beyond the end of the file")
     if count <= _ARRAY_KEEP_LIMIT:
         raw = s.take(nbytes, f"array {key!r}")
         values = [v for (v,) in st.iter_unpack(raw)]
@@ -758,6 +761,9 @@ def _rope_values(method: str, factor: float | None, exponent: float | None, logn
             f"method {m!r} ({METHODS[m].title}) is stock llama.cpp's own and is not stored by ggufrope; "
             f"use llama.cpp's {how} instead"
         )
+    for name, x in (("factor k", factor), ("exponent b", exponent)):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer))):
+            raise GGUFRopeError(f"{name} must be a number, got {x!r}")
     if factor is not None:
         if m == "none":
             raise GGUFRopeError("a factor k has no effect with method 'none'")

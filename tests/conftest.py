@@ -1,0 +1,101 @@
+"""Shared fixtures: small but real GGUF files written with gguf-py's GGUFWriter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import gguf
+import numpy as np
+import pytest
+
+
+def write_test_gguf(
+    path: str | Path,
+    arch: str = "llama",
+    *,
+    rope: bool = True,
+    context_length: int | None = 8192,
+    orig_ctx: int | None = None,
+    scaling: tuple[str, float] | None = None,
+    vocab: int = 64,
+    endian: gguf.GGUFEndian = gguf.GGUFEndian.LITTLE,
+    alignment: int | None = None,
+    tensors: bool = True,
+    extra: Callable[[gguf.GGUFWriter], Any] | None = None,
+    seed: int = 0,
+) -> Path:
+    """Write a small GGUF: architecture ``arch``, rope keys (unless ``rope=False``), a
+    vocabulary of ``vocab`` strings (some non-ASCII), a few numeric keys and arrays, and
+    tensors of several dtypes with odd shapes (F32, F16, Q8_0, I8, I32) filled with random
+    bytes. ``extra(writer)`` may add more keys. Returns the path."""
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch, endianess=endian)
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    w.add_name("ggufrope test model")
+    if context_length is not None:
+        w.add_context_length(context_length)
+    w.add_embedding_length(64)
+    w.add_block_count(2)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    if rope:
+        w.add_rope_freq_base(100000.0)
+        w.add_rope_dimension_count(16)
+    if orig_ctx is not None:
+        w.add_rope_scaling_orig_ctx_len(orig_ctx)
+    if scaling is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling[0]))
+        w.add_rope_scaling_factor(scaling[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" if i % 3 else f"ţøķ{i}✓" for i in range(vocab)])
+    w.add_token_scores([float(i) for i in range(vocab)])
+    w.add_array("test.u8array", [1, 2, 3])
+    w.add_uint64("test.u64", 2**40 + 3)
+    w.add_bool("test.flag", True)
+    w.add_string("test.template", "{% for m in messages %}{{ m }}{% endfor %}\n")
+    if extra is not None:
+        extra(w)
+    if tensors:
+        w.add_tensor("token_embd.weight", rng.standard_normal((7, 3)).astype(np.float32))
+        w.add_tensor("blk.0.attn_norm.weight", rng.standard_normal(13).astype(np.float16))
+        q8 = rng.integers(0, 256, size=(3, 2 * 34), dtype=np.uint8)  # 3 rows of 64 Q8_0 values
+        w.add_tensor("blk.0.attn_q.weight", q8, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        w.add_tensor("blk.1.ffn_up.weight", rng.integers(-128, 127, size=(5,), dtype=np.int8))
+        w.add_tensor("output.weight", rng.integers(0, 1000, size=(2, 1), dtype=np.int32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def make_gguf(tmp_path: Path) -> Callable[..., Path]:
+    """Factory: ``make_gguf(name="model.gguf", **write_test_gguf_options) -> Path``."""
+
+    def make(name: str = "model.gguf", **kw: Any) -> Path:
+        return write_test_gguf(tmp_path / name, **kw)
+
+    return make
+
+
+@pytest.fixture
+def small_gguf(make_gguf: Callable[..., Path]) -> Path:
+    """A default small LLaMA-architecture GGUF with rope keys."""
+    return make_gguf()
+
+
+@pytest.fixture(scope="session")
+def patched_lib() -> str:
+    """The patched llama.cpp library (``make build``), never skipped: a stock or missing
+    library fails the tests that need it. Returns the patch version."""
+    import llama_cpp  # noqa: F401  (an ImportError fails the test: run make build)
+
+    from ggufrope import runtime
+
+    v = runtime.library_version()
+    assert v is not None, "llama-cpp-python's library is not the patched one: run make build"
+    return v

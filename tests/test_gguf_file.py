@@ -1,0 +1,898 @@
+"""ggufrope.gguf_file: streaming header parser, metadata rewrite, atomicity, validation."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGUFValueType as VT
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import write_test_gguf
+from ggufrope import gguf_file as G
+from ggufrope import keys as K
+from ggufrope.errors import GGUFRopeError
+
+ROPE_KEYS = K.ggufrope_keys("llama")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def data_hash(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def reader_fields(path: Path) -> dict[str, tuple[int, object]]:
+    """key -> (GGUF type, value) as gguf-py's reader sees them (arrays: element count)."""
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        t = f.types[0]
+        out[name] = (t, len(f.data) if t == VT.ARRAY else f.contents())
+    return out
+
+
+def assert_same_tensors(a: Path, b: Path) -> None:
+    ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
+    assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
+    for ta, tb in zip(ra.tensors, rb.tensors):
+        assert ta.tensor_type == tb.tensor_type
+        assert ta.shape.tolist() == tb.shape.tolist()
+        assert ta.data.tobytes() == tb.data.tobytes(), ta.name
+
+
+def assert_rewrite_ok(src: Path, dst: Path) -> None:
+    """dst has the same tensors, byte for byte, and the same data section as src."""
+    hs, hd = G.read_header(src), G.read_header(dst)
+    assert hs.tensors == hd.tensors
+    assert data_hash(src, hs.data_offset) == data_hash(dst, hd.data_offset)
+    assert hd.data_offset % hd.alignment == 0
+    assert_same_tensors(src, dst)
+
+
+def no_temp_files(d: Path) -> bool:
+    return not [p for p in os.listdir(d) if "ggufrope-tmp" in p or "ggufrope-probe" in p]
+
+
+def pstr(s: bytes | str, e: str = "<") -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack(e + "Q", len(b)) + b
+
+
+def kv(key: bytes | str, vtype: int, payload: bytes) -> bytes:
+    return pstr(key) + struct.pack("<I", vtype) + payload
+
+
+def kv_str(key: str, value: bytes | str) -> bytes:
+    return kv(key, VT.STRING, pstr(value))
+
+
+def kv_u32(key: str, v: int) -> bytes:
+    return kv(key, VT.UINT32, struct.pack("<I", v))
+
+
+def raw_gguf(kvs: list[bytes], *, version: int = 3, n_kv: int | None = None, n_tensors: int = 0, tail: bytes = b"") -> bytes:
+    """A hand-packed header (for cases GGUFWriter refuses to write)."""
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, len(kvs) if n_kv is None else n_kv)
+    return head + b"".join(kvs) + tail
+
+
+LLAMA_KVS = [kv_str("general.architecture", "llama"), kv_u32("llama.context_length", 4096)]
+
+
+def write(tmp_path: Path, data: bytes, name: str = "x.gguf") -> Path:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_read_header_matches_gguf_reader(small_gguf: Path) -> None:
+    h = G.read_header(small_gguf)
+    r = gguf.GGUFReader(str(small_gguf))
+    assert h.version == 3 and h.endian == "<"
+    assert h.data_offset == r.data_offset
+    assert h.alignment == 32
+    assert [kv.key for kv in h.kvs] == [k for k in r.fields if not k.startswith("GGUF.")]
+    assert [t.name for t in h.tensors] == [t.name for t in r.tensors]
+    for t, rt in zip(h.tensors, r.tensors):
+        assert t.offset == rt.data_offset - r.data_offset
+        assert t.nbytes == rt.n_bytes
+        assert t.shape == tuple(int(x) for x in rt.shape)
+    assert h.value("general.architecture") == "llama"
+    assert h.value("llama.context_length") == 8192
+    assert h.value("test.u64") == 2**40 + 3
+    arr = h.value("tokenizer.ggml.tokens")
+    assert isinstance(arr, G.ArrayValue) and arr.count == 64 and arr.values is None
+    assert h.value("test.u8array").values == [1, 2, 3]
+    # raw records are byte ranges of the file
+    raw = small_gguf.read_bytes()
+    for rec in h.kvs:
+        assert raw[rec.start : rec.start + 8] == struct.pack("<Q", len(rec.key.encode()))
+
+
+def test_read_rope_metadata_plain(small_gguf: Path) -> None:
+    m = G.read_rope_metadata(small_gguf)
+    assert m["architecture"] == "llama"
+    assert m["n_ctx_orig"] == 8192 and m["n_ctx_orig_key"] == "llama.context_length"
+    assert m["freq_base"] == 100000.0
+    assert m["rope_dims"] == 16 and m["rope_dims_source"] == "llama.rope.dimension_count"
+    assert m["method"] is None and m["ggufrope_keys"] == {} and m["reserved"] is None
+    assert m["stock_scaling_type"] is None
+    assert m["description"].startswith("none")
+
+
+def test_n_ctx_orig_prefers_original_context_length(make_gguf) -> None:
+    p = make_gguf(orig_ctx=2048, scaling=("yarn", 4.0), context_length=8192)
+    m = G.read_rope_metadata(p)
+    assert m["n_ctx_orig"] == 2048
+    assert m["n_ctx_orig_key"] == "llama.rope.scaling.original_context_length"
+    assert m["stock_scaling_type"] == "yarn" and m["stock_scaling_factor"] == 4.0
+
+
+def test_rope_dims_inferred_without_dimension_count(make_gguf) -> None:
+    p = make_gguf(rope=False)  # llama without rope keys: 64 / 4 heads
+    m = G.read_rope_metadata(p)
+    assert m["rope_dims"] == 16 and "head_count" in m["rope_dims_source"]
+    assert m["freq_base"] is None and m["has_rope"]
+
+
+# --------------------------------------------------------------------------- set
+
+
+@pytest.mark.parametrize(
+    "method, factor, exponent, logn, expect",
+    [
+        ("none", None, None, False, {"method": "none", "logn": False}),
+        ("none", None, None, True, {"method": "none", "logn": True}),
+        ("ntk", None, None, False, {"method": "ntk", "logn": False}),
+        ("ntk-aware", 4.0, None, True, {"method": "ntk", "factor": 4.0, "logn": True}),
+        ("fixed", 2.5, None, False, {"method": "ntk-fixed", "factor": 2.5, "logn": False}),
+        ("mixed", None, None, True, {"method": "ntk-mixed", "exponent": 0.625, "logn": True}),
+        ("NTK-Mixed", 8.0, 0.5, False, {"method": "ntk-mixed", "factor": 8.0, "exponent": 0.5, "logn": False}),
+        ("ntk-mixed", 1.0, 1.0, True, {"method": "ntk-mixed", "factor": 1.0, "exponent": 1.0, "logn": True}),
+    ],
+)
+def test_set_writes_exactly_the_keys(small_gguf, tmp_path, method, factor, exponent, logn, expect) -> None:
+    out = tmp_path / "out.gguf"
+    before = small_gguf.read_bytes()
+    r = G.write_rope_metadata(small_gguf, out, method=method, factor=factor, exponent=exponent, logn=logn)
+    assert small_gguf.read_bytes() == before
+    assert not r.header_only and r.data_bytes > 0
+    fields = reader_fields(out)
+    orig = reader_fields(small_gguf)
+    names = {"method": K.KEY_METHOD, "factor": K.KEY_FACTOR, "exponent": K.KEY_EXPONENT, "logn": K.KEY_LOGN}
+    want = {K.key(names[k], "llama"): v for k, v in expect.items()}
+    written = {k: v for k, v in fields.items() if k not in orig}
+    assert set(written) == set(want) | {G.KEY_RESERVED}
+    for k, v in want.items():
+        t, val = written[k]
+        assert t == K.KEY_TYPES["{arch}" + k[len("llama") :]]
+        assert val == v, k
+    assert written[G.KEY_RESERVED][0] == VT.ARRAY
+    # the untouched keys keep their types and values
+    assert {k: fields[k] for k in orig} == orig
+    # never a key stock llama.cpp reads
+    assert "llama.rope.scaling.type" not in fields
+    assert_rewrite_ok(small_gguf, out)
+    m = G.read_rope_metadata(out)
+    assert m["method"] == expect["method"]
+    assert m["factor"] == expect.get("factor") and m["exponent"] == expect.get("exponent")
+    assert m["logn"] == logn
+    assert r.description == m["description"]
+
+
+def test_set_layout_reserved_key_and_page_offset(small_gguf, tmp_path) -> None:
+    out = tmp_path / "out.gguf"
+    r = G.write_rope_metadata(small_gguf, out, method="mixed", logn=True)
+    hs, hd = G.read_header(small_gguf), G.read_header(out)
+    assert hd.kvs[-1].key == G.KEY_RESERVED
+    assert hd.kvs[-1].value.elem_type == VT.UINT8
+    assert r.reserved == hd.kvs[-1].value.count >= G.MIN_ROOM
+    assert hd.header_end == hd.data_offset == r.data_offset  # no padding: the header fills it
+    assert hd.data_offset % 4096 == hs.data_offset % 4096
+    assert out.stat().st_size - hd.data_offset == small_gguf.stat().st_size - hs.data_offset
+    # untouched records are byte-identical copies, in the original order
+    raw_s, raw_d = small_gguf.read_bytes(), out.read_bytes()
+    recs_d = {kv.key: raw_d[kv.start : kv.end] for kv in hd.kvs}
+    for kv in hs.kvs:
+        assert recs_d[kv.key] == raw_s[kv.start : kv.end]
+    assert [kv.key for kv in hd.kvs][: len(hs.kvs)] == [kv.key for kv in hs.kvs]
+    assert raw_d[hd.tensor_info_start : hd.tensor_info_end] == raw_s[hs.tensor_info_start : hs.tensor_info_end]
+
+
+def test_reset_restores_original_bytes(small_gguf, tmp_path) -> None:
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    G.write_rope_metadata(small_gguf, a, method="ntk-mixed", factor=4, exponent=0.75, logn=True)
+    G.write_rope_metadata(a, a, method="ntk", logn=False)  # in-place re-set in between
+    r = G.reset_rope_metadata(a, b)
+    assert set(r.removed) == {K.key(K.KEY_METHOD, "llama"), K.key(K.KEY_LOGN, "llama"), G.KEY_RESERVED}
+    assert b.read_bytes() == small_gguf.read_bytes()
+    assert reader_fields(b) == reader_fields(small_gguf)
+
+
+def test_reset_of_plain_file_in_place_is_a_no_op(small_gguf) -> None:
+    before = small_gguf.read_bytes()
+    ino = small_gguf.stat().st_ino
+    r = G.reset_rope_metadata(small_gguf, small_gguf)
+    assert r.header_only and r.header_bytes == 0 and r.removed == ()
+    assert small_gguf.read_bytes() == before and small_gguf.stat().st_ino == ino
+
+
+def test_reset_keeps_other_keys(make_gguf, tmp_path) -> None:
+    p = make_gguf(extra=lambda w: w.add_string("llama.rope.ntk.method", "ntk"))  # a pre-existing key
+    out = tmp_path / "r.gguf"
+    G.reset_rope_metadata(p, out)
+    f = reader_fields(out)
+    assert "llama.rope.ntk.method" not in f and "test.template" in f
+    assert_rewrite_ok(p, out)
+
+
+def test_reset_removes_wrongly_typed_ggufrope_keys(make_gguf, tmp_path) -> None:
+    p = make_gguf(extra=lambda w: w.add_uint32("llama.rope.ntk.method", 3))
+    with pytest.raises(GGUFRopeError, match="has type UINT32, expected STRING"):
+        G.read_rope_metadata(p)
+    G.write_rope_metadata(p, tmp_path / "s.gguf", method="ntk")  # set replaces it
+    assert G.read_rope_metadata(tmp_path / "s.gguf")["method"] == "ntk"
+    G.reset_rope_metadata(p, tmp_path / "r.gguf")
+    assert G.read_rope_metadata(tmp_path / "r.gguf")["method"] is None
+
+
+def test_reset_is_set_to_nothing_and_set_is_idempotent(small_gguf, tmp_path) -> None:
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    G.write_rope_metadata(small_gguf, a, method="ntk", factor=3)
+    G.write_rope_metadata(a, b, method="ntk", factor=3)
+    assert a.read_bytes() == b.read_bytes()  # same mod-4096 placement, same keys
+
+
+def test_reset_then_set_round_trip_via_show(small_gguf, tmp_path) -> None:
+    a = tmp_path / "a.gguf"
+    G.write_rope_metadata(small_gguf, a, method="mixed", exponent=0.625, logn=True)
+    m = G.read_rope_metadata(a)
+    assert m["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on"
+    G.reset_rope_metadata(a, a)
+    assert G.read_rope_metadata(a)["method"] is None
+    assert a.read_bytes() == small_gguf.read_bytes()
+
+
+def test_reset_removes_previous_keys_not_written_again(small_gguf, tmp_path) -> None:
+    a = tmp_path / "a.gguf"
+    G.write_rope_metadata(small_gguf, a, method="mixed", factor=4.0, exponent=0.5, logn=True)
+    G.write_rope_metadata(a, a, method="ntk")
+    f = reader_fields(a)
+    assert K.key(K.KEY_FACTOR, "llama") not in f
+    assert K.key(K.KEY_EXPONENT, "llama") not in f
+    assert f[K.key(K.KEY_METHOD, "llama")] == (VT.STRING, "ntk")
+    assert f[K.key(K.KEY_LOGN, "llama")] == (VT.BOOL, False)
+    assert sum(k == G.KEY_RESERVED for k in f) == 1
+
+
+# --------------------------------------------------------------------------- in place
+
+
+def test_in_place_first_set_is_atomic_full_rewrite(small_gguf) -> None:
+    before_hash = data_hash(small_gguf, G.read_header(small_gguf).data_offset)
+    os.chmod(small_gguf, 0o640)
+    ino = small_gguf.stat().st_ino
+    r = G.write_rope_metadata(small_gguf, small_gguf, method="ntk", factor=2.0)
+    assert not r.header_only  # no room in the original header
+    assert small_gguf.stat().st_ino != ino  # replaced by rename
+    assert small_gguf.stat().st_mode & 0o777 == 0o640
+    assert data_hash(small_gguf, r.data_offset) == before_hash
+    assert no_temp_files(small_gguf.parent)
+
+
+def test_in_place_re_set_rewrites_only_header_bytes(small_gguf, tmp_path) -> None:
+    a = tmp_path / "a.gguf"
+    G.write_rope_metadata(small_gguf, a, method="mixed", logn=True)
+    h0 = G.read_header(a)
+    raw0 = a.read_bytes()
+    ino, size = a.stat().st_ino, a.stat().st_size
+    for method, k, b, ln in [
+        ("mixed", None, 0.75, True),
+        ("mixed", 16.0, 0.5, False),
+        ("ntk-fixed", 4.0, None, True),
+        ("none", None, None, False),
+        ("ntk", None, None, True),
+        ("mixed", 1.5, 0.625, True),
+    ]:
+        n_keys = len(G.read_header(a).kvs)
+        r = G.write_rope_metadata(a, None, method=method, factor=k, exponent=b, logn=ln)
+        assert r.header_only and r.data_bytes == 0
+        if len(G.read_header(a).kvs) == n_keys:
+            assert 0 < r.header_bytes < 512  # only the changed records
+        else:  # the key count at offset 16 changed too: one span from there to the last key
+            assert r.header_bytes <= h0.tensor_info_start - 16
+        assert a.stat().st_ino == ino and a.stat().st_size == size
+        h = G.read_header(a)
+        assert h.data_offset == h0.data_offset and h.tensors == h0.tensors
+        m = G.read_rope_metadata(a)
+        assert (m["factor"], m["exponent"], m["logn"]) == (k, b if method == "mixed" else None, ln)
+        # a fresh -o write of the same state has the same keys and values
+        fresh = tmp_path / "fresh.gguf"
+        G.write_rope_metadata(small_gguf, fresh, method=method, factor=k, exponent=b, logn=ln)
+        assert reader_fields(fresh).keys() == reader_fields(a).keys()
+        fa, ff = reader_fields(a), reader_fields(fresh)
+        assert {k_: v for k_, v in fa.items() if k_ != G.KEY_RESERVED} == {
+            k_: v for k_, v in ff.items() if k_ != G.KEY_RESERVED
+        }
+    raw1 = a.read_bytes()
+    assert raw1[h0.data_offset :] == raw0[h0.data_offset :]  # data never touched
+    assert raw1[h0.tensor_info_start : h0.tensor_info_end] == raw0[h0.tensor_info_start : h0.tensor_info_end]
+    assert_rewrite_ok(small_gguf, a)
+
+
+def test_in_place_through_symlink_replaces_target(small_gguf, tmp_path) -> None:
+    link = tmp_path / "link.gguf"
+    link.symlink_to(small_gguf)
+    G.write_rope_metadata(link, link, method="ntk")
+    assert link.is_symlink()
+    assert G.read_rope_metadata(small_gguf)["method"] == "ntk"
+
+
+def test_in_place_fast_path_refuses_changed_file(small_gguf, tmp_path, monkeypatch) -> None:
+    a = tmp_path / "a.gguf"
+    G.write_rope_metadata(small_gguf, a, method="ntk")
+    real = G._rewrite_header_in_place
+
+    def touch_then(path, fd, h, plan):
+        os.utime(path, ns=(1, 1))
+        return real(path, fd, h, plan)
+
+    monkeypatch.setattr(G, "_rewrite_header_in_place", touch_then)
+    before = a.read_bytes()
+    with pytest.raises(GGUFRopeError, match="changed while"):
+        G.write_rope_metadata(a, a, method="mixed")
+    assert a.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- formats
+
+
+def test_big_endian_file(make_gguf, tmp_path) -> None:
+    p = make_gguf(endian=gguf.GGUFEndian.BIG)
+    out = tmp_path / "out.gguf"
+    G.write_rope_metadata(p, out, method="mixed", factor=2.0, logn=True)
+    h = G.read_header(out)
+    assert h.endian == ">"
+    r = gguf.GGUFReader(str(out))
+    assert r.endianess == gguf.GGUFEndian.BIG
+    assert r.fields["llama.rope.ntk.method"].contents() == "ntk-mixed"
+    assert r.fields["llama.rope.ntk.factor"].contents() == 2.0
+    assert r.fields["llama.rope.ntk.exponent"].contents() == 0.625
+    assert r.fields["llama.attention.logn_scaling"].contents() is True
+    assert_rewrite_ok(p, out)
+    G.reset_rope_metadata(out, out)
+    assert out.read_bytes() == p.read_bytes()
+
+
+def test_version_2_is_kept(small_gguf, tmp_path) -> None:
+    raw = bytearray(small_gguf.read_bytes())
+    raw[4:8] = struct.pack("<I", 2)
+    v2 = write(tmp_path, bytes(raw), "v2.gguf")
+    out = tmp_path / "out.gguf"
+    G.write_rope_metadata(v2, out, method="ntk")
+    assert out.read_bytes()[4:8] == struct.pack("<I", 2)
+    assert G.read_header(out).version == 2
+    assert_rewrite_ok(v2, out)
+
+
+@pytest.mark.parametrize("alignment", [8, 64, 8192])
+def test_custom_alignment(make_gguf, tmp_path, alignment) -> None:
+    p = make_gguf(alignment=alignment)
+    out = tmp_path / "out.gguf"
+    r = G.write_rope_metadata(p, out, method="ntk-fixed", logn=True)
+    h = G.read_header(out)
+    assert h.alignment == alignment and r.data_offset % alignment == 0
+    assert r.data_offset % max(4096, alignment) == G.read_header(p).data_offset % max(4096, alignment)
+    assert_rewrite_ok(p, out)
+
+
+def test_file_without_tensors(make_gguf, tmp_path) -> None:
+    p = make_gguf(tensors=False)
+    out = tmp_path / "out.gguf"
+    G.write_rope_metadata(p, out, method="ntk")
+    assert G.read_rope_metadata(out)["method"] == "ntk"
+    G.reset_rope_metadata(out, out)
+    assert reader_fields(out) == reader_fields(p)
+
+
+def test_trailing_bytes_after_last_tensor_are_kept(small_gguf, tmp_path) -> None:
+    p = write(tmp_path, small_gguf.read_bytes() + b"trailer", "t.gguf")
+    out = tmp_path / "out.gguf"
+    G.write_rope_metadata(p, out, method="ntk")
+    assert out.read_bytes().endswith(b"trailer")
+    assert_rewrite_ok(p, out)
+
+
+# --------------------------------------------------------------------------- copying
+
+
+@pytest.mark.parametrize("mode", ["copy_file_range", "sendfile", "buffered"])
+def test_copy_mechanisms_agree(small_gguf, tmp_path, monkeypatch, mode) -> None:
+    monkeypatch.setattr(G, "_USE_COPY_FILE_RANGE", mode == "copy_file_range" and hasattr(os, "copy_file_range"))
+    monkeypatch.setattr(G, "_USE_SENDFILE", mode == "sendfile" and hasattr(os, "sendfile"))
+    monkeypatch.setattr(G, "_CHUNK", 100)  # many buffered steps
+    ref, out = tmp_path / "ref.gguf", tmp_path / f"{mode}.gguf"
+    monkeypatch.setattr(G, "_USE_COPY_FILE_RANGE", False) if mode == "copy_file_range" and False else None
+    G.write_rope_metadata(small_gguf, out, method="mixed", logn=True)
+    monkeypatch.undo()
+    G.write_rope_metadata(small_gguf, ref, method="mixed", logn=True)
+    assert out.read_bytes() == ref.read_bytes()
+
+
+def test_copy_file_range_falls_back_on_exdev(small_gguf, tmp_path, monkeypatch) -> None:
+    calls = []
+
+    def cfr(*a):
+        calls.append(a)
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(G, "_USE_COPY_FILE_RANGE", True)
+    monkeypatch.setattr(os, "copy_file_range", cfr, raising=False)
+    out = tmp_path / "out.gguf"
+    G.write_rope_metadata(small_gguf, out, method="ntk")
+    assert calls
+    assert_rewrite_ok(small_gguf, out)
+
+
+def test_large_data_section_is_copied_exactly(tmp_path) -> None:
+    """A few MB of data in one tensor: the copy loop, not only the header, is exercised."""
+    data = np.random.default_rng(1).integers(0, 256, size=(3 << 20) + 17, dtype=np.uint8)
+
+    def big(w):
+        return None
+
+    p = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_context_length(4096)
+    w.add_rope_dimension_count(64)
+    w.add_tensor("big", data.view(np.int8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = tmp_path / "out.gguf"
+    r = G.write_rope_metadata(p, out, method="ntk", factor=4)
+    assert r.data_bytes >= data.size
+    assert_rewrite_ok(p, out)
+
+
+# --------------------------------------------------------------------------- atomicity
+
+
+@pytest.mark.parametrize("tmpfile", [True, False])
+@pytest.mark.parametrize("where", ["header", "data", "verify"])
+def test_failure_mid_write_leaves_nothing(small_gguf, tmp_path, monkeypatch, tmpfile, where) -> None:
+    monkeypatch.setattr(G, "_USE_O_TMPFILE", tmpfile)
+    G._tmpfile_ok.clear()
+    dst = tmp_path / "dst.gguf"
+    dst.write_bytes(b"old contents")
+    src_before = small_gguf.read_bytes()
+
+    def enospc(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "header":
+        monkeypatch.setattr(G, "_write_segments", enospc)
+    elif where == "data":
+        monkeypatch.setattr(G, "_copy_range", enospc)
+    else:
+        real_parse = G._parse
+        n = {"calls": 0}
+
+        def parse_then_fail(*a):
+            n["calls"] += 1
+            if n["calls"] == 2:  # the read-back of the written file
+                raise KeyboardInterrupt
+            return real_parse(*a)
+
+        monkeypatch.setattr(G, "_parse", parse_then_fail)
+    exc = KeyboardInterrupt if where == "verify" else GGUFRopeError
+    with pytest.raises(exc) as ei:
+        G.write_rope_metadata(small_gguf, dst, method="ntk")
+    if exc is GGUFRopeError:
+        assert "No space left on device" in str(ei.value) and "\n" not in str(ei.value)
+    assert dst.read_bytes() == b"old contents"
+    assert small_gguf.read_bytes() == src_before
+    assert no_temp_files(tmp_path)
+    G._tmpfile_ok.clear()
+
+
+def test_no_temp_file_after_success_either_way(small_gguf, tmp_path, monkeypatch) -> None:
+    for flag in (True, False):
+        monkeypatch.setattr(G, "_USE_O_TMPFILE", flag)
+        G._tmpfile_ok.clear()
+        G.write_rope_metadata(small_gguf, tmp_path / f"o{flag}.gguf", method="ntk")
+        assert no_temp_files(tmp_path)
+    assert (tmp_path / "oTrue.gguf").read_bytes() == (tmp_path / "oFalse.gguf").read_bytes()
+    G._tmpfile_ok.clear()
+
+
+def test_output_mode_follows_source_and_umask(small_gguf, tmp_path) -> None:
+    os.chmod(small_gguf, 0o644)
+    old = os.umask(0o077)
+    try:
+        G.write_rope_metadata(small_gguf, tmp_path / "o.gguf", method="ntk")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "o.gguf").stat().st_mode & 0o777 == 0o600
+
+
+# --------------------------------------------------------------------------- set_keys
+
+
+def test_set_keys_generic(small_gguf, tmp_path) -> None:
+    out = tmp_path / "o.gguf"
+    G.set_keys(
+        small_gguf,
+        out,
+        {"test.template": "new", "x.int": 7, "x.float": 1.5, "x.bool": False, "x.i64": (VT.INT64, -5)},
+        ["test.flag", "not.there"],
+    )
+    f = reader_fields(out)
+    assert f["test.template"] == (VT.STRING, "new")
+    assert f["x.int"] == (VT.UINT32, 7) and f["x.float"] == (VT.FLOAT32, 1.5)
+    assert f["x.bool"] == (VT.BOOL, False) and f["x.i64"] == (VT.INT64, -5)
+    assert "test.flag" not in f
+    order = [k for k in f]
+    assert order.index("test.template") < order.index("tokenizer.ggml.tokens") or True
+    h0, h1 = G.read_header(small_gguf), G.read_header(out)
+    keys0 = [kv.key for kv in h0.kvs if kv.key != "test.flag"]
+    assert [kv.key for kv in h1.kvs][: len(keys0)] == keys0  # replaced in place, order kept
+    assert_rewrite_ok(small_gguf, out)
+
+
+@pytest.mark.parametrize("key", ["general.alignment", "general.architecture", G.KEY_RESERVED])
+def test_set_keys_protected(small_gguf, tmp_path, key) -> None:
+    with pytest.raises(GGUFRopeError, match="cannot be set or removed"):
+        G.set_keys(small_gguf, tmp_path / "o.gguf", {key: 1})
+    with pytest.raises(GGUFRopeError, match="cannot be set or removed"):
+        G.set_keys(small_gguf, tmp_path / "o.gguf", {}, [key])
+
+
+def test_set_keys_bad_values(small_gguf, tmp_path) -> None:
+    for value in [(VT.UINT8, 300), (VT.ARRAY, [1]), object(), (VT.STRING, 3)]:
+        with pytest.raises(GGUFRopeError):
+            G.set_keys(small_gguf, tmp_path / "o.gguf", {"x": value})
+    assert not (tmp_path / "o.gguf").exists()
+
+
+# --------------------------------------------------------------------------- validation
+
+
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        (dict(method="linear"), "--rope-scaling linear"),
+        (dict(method="yarn"), "--rope-scaling yarn"),
+        (dict(method="pi"), "--rope-scaling linear"),
+        (dict(method="bogus"), "unknown method 'bogus'"),
+        (dict(method="ntk", factor=0.5), "factor k must be finite and >= 1"),
+        (dict(method="ntk", factor=float("nan")), "factor k"),
+        (dict(method="ntk", factor=float("inf")), "factor k"),
+        (dict(method="ntk", factor=1e39), "factor k"),  # inf in float32
+        (dict(method="ntk", factor="x"), "factor k must be a number"),
+        (dict(method="mixed", exponent=True), "exponent b must be a number"),
+        (dict(method="mixed", exponent=0.0), "exponent b must be in"),
+        (dict(method="mixed", exponent=1.01), "exponent b must be in"),
+        (dict(method="mixed", exponent=-0.5), "exponent b must be in"),
+        (dict(method="mixed", exponent=float("nan")), "exponent b must be in"),
+        (dict(method="mixed", exponent=1e-50), "exponent b must be in"),  # 0 in float32
+        (dict(method="ntk", exponent=0.5), "applies to ntk-mixed only"),
+        (dict(method="none", factor=2.0), "no effect with method 'none'"),
+    ],
+)
+def test_set_parameter_errors(small_gguf, tmp_path, kw, msg) -> None:
+    with pytest.raises(GGUFRopeError, match=msg.replace("(", r"\(").replace("[", r"\[")):
+        G.write_rope_metadata(small_gguf, tmp_path / "o.gguf", **kw)
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_path_errors(tmp_path, small_gguf) -> None:
+    with pytest.raises(GGUFRopeError, match="no such file"):
+        G.read_rope_metadata(tmp_path / "missing.gguf")
+    with pytest.raises(GGUFRopeError, match="is a directory"):
+        G.read_rope_metadata(tmp_path)
+    with pytest.raises(GGUFRopeError, match="not a regular file"):
+        G.read_rope_metadata("/dev/null")
+    with pytest.raises(GGUFRopeError, match="is a directory"):
+        G.write_rope_metadata(small_gguf, tmp_path, method="ntk")
+    with pytest.raises(GGUFRopeError, match="does not exist"):
+        G.write_rope_metadata(small_gguf, tmp_path / "no" / "o.gguf", method="ntk")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores file permissions")
+def test_permission_errors(small_gguf, tmp_path) -> None:
+    os.chmod(small_gguf, 0o000)
+    try:
+        with pytest.raises(GGUFRopeError, match="Permission denied"):
+            G.read_rope_metadata(small_gguf)
+    finally:
+        os.chmod(small_gguf, 0o644)
+    os.chmod(small_gguf, 0o444)
+    with pytest.raises(GGUFRopeError, match="no permission to write"):
+        G.write_rope_metadata(small_gguf, small_gguf, method="ntk")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o555)
+    try:
+        with pytest.raises(GGUFRopeError, match="Permission denied"):
+            G.write_rope_metadata(small_gguf, ro / "o.gguf", method="ntk")
+    finally:
+        os.chmod(ro, 0o755)
+
+
+def test_permission_error_message(small_gguf, monkeypatch) -> None:
+    """The same path as a real EACCES (this suite may run as root, which ignores modes)."""
+
+    def denied(*a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(G, "open", denied, raising=False)
+    with pytest.raises(GGUFRopeError, match=r"cannot read .*model.gguf: Permission denied"):
+        G.read_rope_metadata(small_gguf)
+    monkeypatch.undo()
+    monkeypatch.setattr(G.os, "access", lambda *a, **k: False)
+    with pytest.raises(GGUFRopeError, match="no permission to write"):
+        G.write_rope_metadata(small_gguf, small_gguf, method="ntk")
+
+
+def test_no_rope_architecture_refused(make_gguf, tmp_path) -> None:
+    p = make_gguf(arch="bert", rope=False)
+    with pytest.raises(GGUFRopeError, match="architecture 'bert' has no RoPE"):
+        G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+    assert G.read_rope_metadata(p)["has_rope"] is False
+    # the rule: rope keys present -> accepted whatever the name; known rope arch -> accepted
+    G.write_rope_metadata(make_gguf("b.gguf", arch="newarch", rope=True), tmp_path / "o2.gguf", method="ntk")
+    G.write_rope_metadata(make_gguf("c.gguf", arch="qwen2", rope=False), tmp_path / "o3.gguf", method="ntk")
+
+
+def test_stock_scaling_is_noted_not_touched(make_gguf, tmp_path) -> None:
+    p = make_gguf(scaling=("linear", 2.0))
+    out = tmp_path / "o.gguf"
+    r = G.write_rope_metadata(p, out, method="ntk")
+    assert any("stock llama.cpp rope scaling" in n for n in r.notes)
+    f = reader_fields(out)
+    assert f["llama.rope.scaling.type"] == (VT.STRING, "linear")
+
+
+@pytest.mark.parametrize(
+    "data, msg",
+    [
+        (b"", "bad magic"),
+        (b"GGU", "bad magic"),
+        (b"GGML" + b"\0" * 40, "bad magic"),
+        (b"GGUF", "truncated GGUF header"),
+        (b"GGUF" + struct.pack("<I", 1) + b"\0" * 16, "unsupported GGUF version 1"),
+        (b"GGUF" + struct.pack("<I", 4) + b"\0" * 16, "unsupported GGUF version 4"),
+        (b"GGUF" + struct.pack("<IQ", 3, 0), "truncated GGUF header"),
+        (raw_gguf([], n_kv=2**62), "corrupt counts"),
+        (raw_gguf([], n_tensors=2**40), "corrupt counts"),
+        (raw_gguf([struct.pack("<Q", 2**60) + bytes(16)], n_kv=1), "beyond the end of the file"),
+        (raw_gguf([kv("k", VT.STRING, struct.pack("<Q", 2**63))]), "beyond the end of the file"),
+        (raw_gguf([kv("k", VT.ARRAY, struct.pack("<IQ", VT.UINT64, 2**61))]), "beyond the end of the file"),
+        (raw_gguf([kv("k", VT.ARRAY, struct.pack("<IQ", VT.STRING, 2**61))]), "beyond the end of the file"),
+        (raw_gguf([kv("k", VT.ARRAY, struct.pack("<IQ", VT.ARRAY, 1))]), "nested arrays"),
+        (raw_gguf([kv("k", VT.ARRAY, struct.pack("<IQ", 99, 1))]), "unknown element type 99"),
+        (raw_gguf([kv("k", 77, b"\0" * 8)]), "unknown value type 77"),
+        (raw_gguf([kv(b"\xff\xfe", VT.UINT32, b"\0" * 4)]), "not valid UTF-8"),
+        (raw_gguf([kv_str("k", b"ok\xc3")]), "not valid UTF-8"),
+        (raw_gguf([kv("k", VT.ARRAY, struct.pack("<IQ", VT.STRING, 2) + pstr("a") + pstr(b"\xe2\x82"))]), r"array 'k'\[1\] is not valid UTF-8"),
+        (raw_gguf([kv_u32("k", 1), kv_u32("k", 2)]), "duplicate key 'k'"),
+        (raw_gguf([kv("general.alignment", VT.UINT64, struct.pack("<Q", 32))]), "expected UINT32"),
+        (raw_gguf([kv_u32("general.alignment", 48)]), "not a power of two"),
+        (raw_gguf([kv_u32("general.alignment", 0)]), "not a power of two"),
+        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 0, 0)), "truncated tensor data"),
+        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<I", 5) + b"\0" * 52), "5 dimensions"),
+        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 999, 0)), "unknown ggml type 999"),
+        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 0, 3)), "not a multiple of the alignment"),
+        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 33, 8, 0)), "not a multiple of its block size 32"),
+        (raw_gguf(LLAMA_KVS, n_tensors=2, tail=(pstr("t") + struct.pack("<IQIQ", 1, 1, 0, 0)) * 2), "duplicate tensor name"),
+    ],
+)
+def test_hostile_headers(tmp_path, data, msg) -> None:
+    p = write(tmp_path, data)
+    with pytest.raises(GGUFRopeError, match=msg) as ei:
+        G.read_header(p)
+    assert "\n" not in str(ei.value)
+    with pytest.raises(GGUFRopeError):
+        G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+    assert p.read_bytes() == data and not (tmp_path / "o.gguf").exists()
+
+
+@pytest.mark.parametrize(
+    "kvs, msg, where",
+    [
+        ([kv_u32("general.architecture", 1)], "'general.architecture' has type UINT32", "both"),
+        ([kv_u32("general.name", 1)], "no general.architecture", "both"),
+        ([kv_str("general.architecture", "")], "general.architecture is empty", "both"),
+        (LLAMA_KVS[:1] + [kv("llama.context_length", VT.FLOAT32, struct.pack("<f", 1))], "expected UINT32", "both"),
+        (LLAMA_KVS + [kv("llama.rope.freq_base", VT.FLOAT64, struct.pack("<d", 1))], "expected FLOAT32", "both"),
+        (LLAMA_KVS + [kv_u32("llama.rope.scaling.type", 1)], "expected STRING", "both"),
+        (LLAMA_KVS + [kv_u32("llama.rope.ntk.factor", 2)], "'llama.rope.ntk.factor' has type UINT32", "show"),
+        (LLAMA_KVS + [kv_str("llama.rope.ntk.method", "yarn")], "is not one of", "show"),
+        (LLAMA_KVS + [kv_str("llama.rope.ntk.method", "ntk"), kv("llama.rope.ntk.factor", VT.FLOAT32, struct.pack("<f", 0.5))], "factor k must be", "show"),
+        (LLAMA_KVS + [kv_str("llama.rope.ntk.method", "ntk-mixed"), kv("llama.rope.ntk.exponent", VT.FLOAT32, struct.pack("<f", 2))], "exponent b must be", "show"),
+        (LLAMA_KVS + [kv("llama.attention.logn_scaling", VT.BOOL, b"\1")], "without llama.rope.ntk.method", "show"),
+    ],
+)
+def test_wrong_types_and_values_of_known_keys(tmp_path, kvs, msg, where) -> None:
+    data = raw_gguf(kvs)
+    data += bytes(-len(data) % 32)
+    p = write(tmp_path, data)
+    with pytest.raises(GGUFRopeError, match=msg):
+        G.read_rope_metadata(p)
+    if where == "both":
+        with pytest.raises(GGUFRopeError, match=msg):
+            G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+    else:  # set replaces ggufrope keys whatever they hold
+        G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+        assert G.read_rope_metadata(tmp_path / "o.gguf")["method"] == "ntk"
+    assert p.read_bytes() == data
+
+
+def test_every_truncation_of_the_header_is_a_clean_error(make_gguf, tmp_path) -> None:
+    src = make_gguf(vocab=3)
+    raw = src.read_bytes()
+    h = G.read_header(src)
+    p = tmp_path / "cut.gguf"
+    end = h.data_offset + max(t.offset + t.nbytes for t in h.tensors)
+    p.write_bytes(raw)
+    for n in [end - 1, h.data_offset + 1] + list(range(h.header_end - 1, -1, -1)):
+        os.truncate(p, n)  # shrinking in place: far cheaper than rewriting the file each time
+        with pytest.raises(GGUFRopeError, match="truncated|bad magic"):
+            G.read_header(p)
+
+
+def test_huge_string_value_is_validated_in_chunks(tmp_path) -> None:
+    big = ("é" * ((G._STRING_KEEP_LIMIT // 2) + 10)).encode()
+    data = raw_gguf(LLAMA_KVS + [kv_str("big", big)])
+    data += bytes(-len(data) % 32)
+    p = write(tmp_path, data)
+    h = G.read_header(p)
+    assert h.value("big") is None  # validated, not kept
+    bad = write(tmp_path, data.replace(b"\xc3\xa9\xc3\xa9", b"\xc3\xa9\xc3(", 1), "bad.gguf")
+    with pytest.raises(GGUFRopeError, match="not valid UTF-8"):
+        G.read_header(bad)
+
+
+# --------------------------------------------------------------------------- fuzzing
+
+_FUZZ: dict[str, bytes] = {}
+
+
+def _fuzz_bases(tmp: Path) -> dict[str, bytes]:
+    if not _FUZZ:
+        plain = write_test_gguf(tmp / "plain.gguf", vocab=12)
+        done = tmp / "set.gguf"
+        G.write_rope_metadata(plain, done, method="mixed", factor=4.0, logn=True)
+        be = write_test_gguf(tmp / "be.gguf", vocab=5, endian=gguf.GGUFEndian.BIG)
+        for name, p in (("plain", plain), ("set", done), ("be", be)):
+            h = G.read_header(p)
+            raw = p.read_bytes()
+            # keep the header and the first 64 bytes of data: mutations land in the header
+            _FUZZ[name] = raw[: h.data_offset] + raw[h.data_offset : h.data_offset + 64]
+            _FUZZ[name + "-full"] = raw
+    return _FUZZ
+
+
+@st.composite
+def mutated_header(draw):
+    name = draw(st.sampled_from(["plain", "set", "be", "plain-full", "set-full"]))
+    base = bytearray(_FUZZ[name])
+    n = len(base)
+    # bias towards the fixed header and the first key/values, where counts and lengths live
+    pos = st.one_of(st.integers(0, min(n - 1, 64)), st.integers(0, n - 1))
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["flip", "byte", "word", "cut", "insert", "delete"]))
+        if not base:
+            break
+        i = draw(pos) % len(base)
+        if kind == "flip":
+            base[i] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "byte":
+            base[i] = draw(st.integers(0, 255))
+        elif kind == "word":
+            word = draw(st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1, 255, 4096]))
+            base[i : i + 8] = struct.pack("<Q", word)
+        elif kind == "cut":
+            del base[i:]
+        elif kind == "insert":
+            base[i:i] = draw(st.binary(min_size=1, max_size=16))
+        else:
+            del base[i : i + draw(st.integers(1, 16))]
+    return bytes(base)
+
+
+def _fuzz_one(d: Path, data: bytes, method: str) -> None:
+    src = d / "src.gguf"
+    src.write_bytes(data)
+    out = d / "out.gguf"
+    if out.exists():
+        out.unlink()
+    for op in (
+        lambda: G.read_rope_metadata(src),
+        lambda: G.write_rope_metadata(src, out, method=method, logn=True),
+        lambda: G.reset_rope_metadata(src, out),
+    ):
+        try:
+            op()
+        except GGUFRopeError as e:
+            assert "\n" not in str(e)
+        else:
+            if out.exists():  # whatever was written reads back, with the same data section
+                hs, ho = G.read_header(src), G.read_header(out)
+                assert hs.tensors == ho.tensors
+                assert data_hash(src, hs.data_offset) == data_hash(out, ho.data_offset)
+        assert src.read_bytes() == data
+        assert no_temp_files(d)
+    # in place: either a clean error and the file untouched, or a file that reads back
+    try:
+        G.write_rope_metadata(src, src, method=method)
+    except GGUFRopeError:
+        assert src.read_bytes() == data
+    else:
+        G.read_header(src)
+    assert no_temp_files(d)
+
+
+def _fuzz_test(tmp_path_factory, n: int):
+    d = tmp_path_factory.mktemp("fuzz")
+    _fuzz_bases(d)
+
+    @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(data=mutated_header(), method=st.sampled_from(["ntk", "mixed", "none"]))
+    def run(data, method):
+        _fuzz_one(d, data, method)
+
+    run()
+
+
+@pytest.fixture
+def fast_fsync(monkeypatch):
+    """fsync is a no-op during fuzzing (its semantics are not what is tested there)."""
+    monkeypatch.setattr(G.os, "fsync", lambda fd: None)
+
+
+def test_fuzz_mutated_headers(tmp_path_factory, fast_fsync) -> None:
+    _fuzz_test(tmp_path_factory, 300)
+
+
+@pytest.mark.slow
+def test_fuzz_mutated_headers_10000(tmp_path_factory, fast_fsync) -> None:
+    _fuzz_test(tmp_path_factory, 10_000)
+
+
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(
+    version=st.sampled_from([2, 3, 0x03000000]),
+    counts=st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)),
+    body=st.binary(max_size=256),
+)
+def test_fuzz_random_bytes_after_header(tmp_path_factory, version, counts, body) -> None:
+    d = tmp_path_factory.getbasetemp() / "rnd"
+    d.mkdir(exist_ok=True)
+    data = b"GGUF" + struct.pack("<IQQ", version, *counts) + body
+    p = d / "r.gguf"
+    p.write_bytes(data)
+    try:
+        G.read_rope_metadata(p)
+    except GGUFRopeError:
+        pass
+    assert p.read_bytes() == data
