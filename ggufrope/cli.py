@@ -276,3 +276,109 @@ def show_cmd(model: str, as_json: bool) -> None:
 
 if __name__ == "__main__":  # python -m ggufrope.cli
     main(prog_name="ggufrope")
+
+
+# --- running models: generate, chat -------------------------------------------------------
+
+_RUN_METHOD_HELP = (
+    "Method chosen at load time, without rewriting MODEL: none, linear, yarn, ntk, ntk-fixed, "
+    "ntk-mixed (alias mixed). Left out: MODEL's own metadata decides."
+)
+
+
+def _run_options(f: Any) -> Any:
+    """Options shared by the commands that load a model (method, context, device)."""
+    opts = [
+        click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+                     help="Context size n_ctx in tokens."),
+        click.option("-m", "--method", default=None, metavar="METHOD", help=_RUN_METHOD_HELP),
+        click.option("-k", "--factor", type=float, default=None, metavar="K",
+                     help="Factor k >= 1 for --method. Left out: max(1, n_ctx / L)."),
+        click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
+                     help="Exponent b of ntk-mixed."),
+        click.option("--logn/--no-logn", default=None, help="log-n query scaling beyond L (default: MODEL's metadata)."),
+        click.option("-ngl", "--gpu-layers", "gpu_layers", type=int, default=0, show_default=True,
+                     help="Layers to offload to the GPU (-1: all)."),
+        click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)."),
+        click.option("--verbose", is_flag=True, help="Show llama.cpp's log (it names the active rope method)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _load(model: str, n_ctx: int, method: str | None, factor: float | None, exponent: float,
+          logn: bool | None, gpu_layers: int, threads: int | None, verbose: bool) -> Any:
+    from .runtime import load
+
+    kw: dict[str, Any] = {}
+    if threads:
+        kw["n_threads"] = kw["n_threads_batch"] = threads
+    return load(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx,
+                n_gpu_layers=gpu_layers, verbose=verbose, **kw)
+
+
+@main.command("generate", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-p", "--prompt", default=None, help="Prompt text.")
+@click.option("-f", "--file", "prompt_file", type=click.Path(dir_okay=False), default=None,
+              help="Read the prompt from a file (appended after --prompt if both are given).")
+@click.option("-n", "--n-predict", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Tokens to generate.")
+@click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (temp > 0).")
+@_run_options
+def generate_cmd(model: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float,
+                 seed: int, **run: Any) -> None:
+    """Generate a continuation of a (long) prompt with MODEL.
+
+    The prompt is evaluated in n_batch chunks with a progress bar; the continuation is
+    streamed to stdout, timings go to stderr. Greedy by default, so the output is
+    deterministic.
+    """
+    from .generate import generate, read_prompt
+
+    text = read_prompt(prompt, prompt_file)
+    llm = _load(model, **run)
+    for piece in generate(llm, text, n_predict=n_predict, temp=temp, seed=seed, progress=True):
+        click.echo(piece, nl=False)
+    click.echo()
+
+
+@main.command("chat", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-f", "--file", "doc_file", type=click.Path(dir_okay=False), default=None,
+              help="A document to put in the conversation first (a long context to ask about).")
+@click.option("-s", "--system", default=None, help="System prompt.")
+@click.option("-n", "--n-predict", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Maximum tokens per answer.")
+@click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
+@_run_options
+def chat_cmd(model: str, doc_file: str | None, system: str | None, n_predict: int, temp: float, **run: Any) -> None:
+    """Chat with MODEL in the terminal, with its chat template. Ctrl-D or /exit ends it."""
+    from .generate import chat_turn, read_prompt
+
+    llm = _load(model, **run)
+    messages: list[dict[str, str]] = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    doc = read_prompt(None, doc_file) if doc_file else None
+    while True:
+        try:
+            line = click.prompt("you", prompt_suffix="> ", default="", show_default=False)
+        except (EOFError, click.Abort):
+            click.echo()
+            return
+        if line.strip() in ("/exit", "/quit"):
+            return
+        if not line.strip():
+            continue
+        content = f"{doc}\n\n{line}" if doc is not None and not any(m["role"] == "user" for m in messages) else line
+        messages.append({"role": "user", "content": content})
+        click.echo("model> ", nl=False)
+        answer = []
+        for piece in chat_turn(llm, messages, n_predict=n_predict, temp=temp):
+            answer.append(piece)
+            click.echo(piece, nl=False)
+        click.echo()
+        messages.append({"role": "assistant", "content": "".join(answer)})

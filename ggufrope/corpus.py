@@ -226,10 +226,28 @@ def long_document(min_chars: int = 50_000) -> str:
     return load_text(long_document_info(min_chars).name)
 
 
+def demo_text(max_chars: int = 52_000) -> str:
+    """The prompt of ``make demo``: the start of :func:`long_document`, cut at the last paragraph
+    break before ``max_chars`` characters (52,000 characters of Areopagitica are ~12,500
+    SmolLM2 tokens: beyond the trained 8192, inside n_ctx 16384)."""
+    text = long_document()
+    if len(text) <= max_chars:
+        return text
+    cut = text.rfind("\n\n", 0, max_chars)
+    return text[: cut if cut > max_chars // 2 else max_chars].rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ggufrope.corpus``: fetch the corpus and list it (name, chars, title)."""
-    del argv
+    """``python -m ggufrope.corpus [--demo-text PATH]``: fetch the corpus and list it (name,
+    chars, title), or write :func:`demo_text` to PATH."""
+    argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv[:1] == ["--demo-text"] and len(argv) == 2:
+            text = demo_text()
+            with open(argv[1], "w", encoding="utf-8") as f:
+                f.write(text)
+            print(f"wrote {argv[1]}: {len(text)} characters of {long_document_info().title}")
+            return 0
         fetch()
         for doc in all_documents():
             n = len(load_text(doc.name))

@@ -1,0 +1,52 @@
+# ggufrope — see README.md
+#   make build        patched llama-cpp-python into .venv (CPU; CUDA=1 for CUDA, CUDA_ARCH=90 to pick archs)
+#   make demo         the main job on the default model: build, fetch, set mixed + log-n, generate at n_ctx 16384
+#   make test         the test suite (what CI runs)
+
+PYTHON   ?= python3
+VENV     := .venv
+PY       := $(VENV)/bin/python
+CUDA     ?= $(shell nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 2>&1 && echo 1 || echo 0)
+DEMO_DIR := build/demo
+NPROC    := $(shell nproc)
+
+.PHONY: all venv build model demo test test-slow cuda-compile clean distclean
+
+all: build
+
+$(VENV)/.deps: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,eval]'
+	touch $@
+
+venv: $(VENV)/.deps
+
+build: venv
+	CUDA=$(CUDA) native/build.sh
+
+model: venv
+	@$(PY) -m ggufrope.models
+
+demo: build
+	@mkdir -p $(DEMO_DIR)
+	$(PY) -m ggufrope.corpus --demo-text $(DEMO_DIR)/long.txt
+	$(VENV)/bin/ggufrope set "$$($(PY) -m ggufrope.models)" --method mixed --b 0.625 --logn -o $(DEMO_DIR)/smollm2-mixed-logn.gguf
+	$(VENV)/bin/ggufrope show $(DEMO_DIR)/smollm2-mixed-logn.gguf
+	$(VENV)/bin/ggufrope generate $(DEMO_DIR)/smollm2-mixed-logn.gguf --n-ctx 16384 -f $(DEMO_DIR)/long.txt -n 64
+
+test: build
+	$(PY) -m pytest -ra
+
+test-slow: build
+	$(PY) -m pytest -ra -m slow
+
+# compile the patched CUDA rope sources with nvcc (no GPU needed); see native/cuda-compile.sh
+cuda-compile: build
+	native/cuda-compile.sh
+
+clean:
+	rm -rf build/src build/demo
+
+distclean:
+	rm -rf build $(VENV)

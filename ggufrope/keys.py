@@ -1,0 +1,54 @@
+"""GGUF metadata keys written by ``ggufrope set`` and read by the patched llama.cpp.
+
+The contract between the file, the patched library and this tool. Every key lives in
+the ``{arch}.rope.`` / ``{arch}.attention.`` namespaces, has the exact GGUF type the
+patched loader reads, and is ignored by stock llama.cpp (it only lists unknown keys), so
+an unpatched build still loads a file that carries them.
+
+=====================================  =======  ==========================================
+key                                    type     meaning
+=====================================  =======  ==========================================
+``{arch}.rope.ntk.method``             STRING   ``none``, ``ntk``, ``ntk-fixed``, ``ntk-mixed``
+``{arch}.rope.ntk.factor``             FLOAT32  factor k >= 1; absent: k = max(1, n_ctx / L)
+``{arch}.rope.ntk.exponent``           FLOAT32  exponent b in (0, 1] of ``ntk-mixed``
+``{arch}.attention.logn_scaling``      BOOL     log-n query scaling beyond L
+=====================================  =======  ==========================================
+
+L (``n_ctx_orig``) is ``{arch}.rope.scaling.original_context_length`` when present, else
+``{arch}.context_length``: the same value llama.cpp uses for YaRN.
+"""
+
+from __future__ import annotations
+
+from gguf import GGUFValueType
+
+KEY_METHOD = "{arch}.rope.ntk.method"
+KEY_FACTOR = "{arch}.rope.ntk.factor"
+KEY_EXPONENT = "{arch}.rope.ntk.exponent"
+KEY_LOGN = "{arch}.attention.logn_scaling"
+
+#: key template -> GGUF value type, in the order they are written.
+KEY_TYPES: dict[str, GGUFValueType] = {
+    KEY_METHOD: GGUFValueType.STRING,
+    KEY_FACTOR: GGUFValueType.FLOAT32,
+    KEY_EXPONENT: GGUFValueType.FLOAT32,
+    KEY_LOGN: GGUFValueType.BOOL,
+}
+
+# keys stock llama.cpp reads that ggufrope only reads (never writes)
+KEY_CONTEXT_LENGTH = "{arch}.context_length"
+KEY_ORIG_CTX = "{arch}.rope.scaling.original_context_length"
+KEY_FREQ_BASE = "{arch}.rope.freq_base"
+KEY_ROPE_DIMS = "{arch}.rope.dimension_count"
+KEY_SCALING_TYPE = "{arch}.rope.scaling.type"
+KEY_SCALING_FACTOR = "{arch}.rope.scaling.factor"
+
+
+def key(template: str, arch: str) -> str:
+    """Expand a key template for architecture ``arch`` (e.g. ``"llama"``)."""
+    return template.format(arch=arch)
+
+
+def ggufrope_keys(arch: str) -> list[str]:
+    """The full names of every key ggufrope may write, for ``arch``."""
+    return [key(t, arch) for t in KEY_TYPES]
