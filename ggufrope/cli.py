@@ -142,7 +142,7 @@ _METHOD_HELP = (
     show_default=True,
     help="log-n attention scaling: queries beyond L are multiplied by ln(p+1)/ln L.",
 )
-@click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically).")
+@click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically; an existing OUT is replaced).")
 @click.option("--in-place", is_flag=True, help="Rewrite MODEL itself (header only when it fits).")
 def set_cmd(
     model: str,
@@ -172,7 +172,7 @@ def set_cmd(
 
 @main.command("reset", context_settings=_CONTEXT)
 @click.argument("model", metavar="MODEL")
-@click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically).")
+@click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically; an existing OUT is replaced).")
 @click.option("--in-place", is_flag=True, help="Rewrite MODEL itself.")
 def reset_cmd(model: str, output: str | None, in_place: bool) -> None:
     """Remove every ggufrope key from MODEL (the reserved padding key too).

@@ -1124,11 +1124,12 @@ def _rewrite(
         mode = (st.st_mode & 0o7777) if in_place else (st.st_mode & 0o777 & ~_umask())
         out = _AtomicFile(dst_p, mode)
         try:
-            if in_place:
-                try:
-                    os.fchmod(out.fd, st.st_mode & 0o7777)
-                except OSError:
-                    pass
+            if in_place:  # the replacement keeps the file's owner and mode where allowed
+                for fn, args in ((os.fchown, (st.st_uid, st.st_gid)), (os.fchmod, (st.st_mode & 0o7777,))):
+                    try:
+                        fn(out.fd, *args)
+                    except OSError:
+                        pass
             n = _write_segments(src_fd, out.fd, plan.segments)
             assert n == plan.header_len
             data = h.file_size - h.data_offset if h.data_offset <= h.file_size else 0
