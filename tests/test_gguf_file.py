@@ -896,3 +896,58 @@ def test_fuzz_random_bytes_after_header(tmp_path_factory, version, counts, body)
     except GGUFRopeError:
         pass
     assert p.read_bytes() == data
+
+
+# --------------------------------------------------------------------------- SIGKILL
+
+_KILL_CHILD = r"""
+import os, sys, time
+from ggufrope import gguf_file as G
+G._USE_O_TMPFILE = sys.argv[4] == "1"
+stage = sys.argv[3]
+real_copy, real_segments = G._copy_range, G._write_segments
+def stall(*a):
+    print("ready", flush=True)
+    time.sleep(60)
+if stage == "header":
+    G._write_segments = lambda *a: stall()
+elif stage == "data":  # the header is written, the data copy starts
+    def segments_then_stall(*a):
+        n = real_segments(*a)
+        G._copy_range = lambda *a: stall()
+        return n
+    G._write_segments = segments_then_stall
+else:  # after the data, before the rename
+    G._AtomicFile.commit = lambda self: (os.fsync(self.fd), stall())
+G.write_rope_metadata(sys.argv[1], sys.argv[2], method="mixed", logn=True)
+"""
+
+
+@pytest.mark.parametrize("stage", ["header", "data", "commit"])
+def test_sigkill_leaves_destination_intact_and_no_temp_file(small_gguf, tmp_path, stage) -> None:
+    """SIGKILL at several points of a write: the destination keeps its old bytes; with
+    O_TMPFILE (where the filesystem has it) no temporary file is left either."""
+    import signal
+    import subprocess
+    import sys
+
+    dst = tmp_path / "dst.gguf"
+    dst.write_bytes(b"old")
+    tmpfile = G._tmpfile_works(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.Popen(
+        [sys.executable, "-c", _KILL_CHILD, str(small_gguf), str(dst), stage, "1" if tmpfile else "0"],
+        stdout=subprocess.PIPE, env=env, text=True,
+    )
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.kill(p.pid, signal.SIGKILL)
+    finally:
+        p.wait(timeout=30)
+    assert p.returncode == -signal.SIGKILL
+    assert dst.read_bytes() == b"old"
+    leftovers = [f for f in os.listdir(tmp_path) if "ggufrope-tmp" in f]
+    if tmpfile:
+        assert leftovers == []
+    else:  # a named temporary file cannot be cleaned up after SIGKILL
+        assert len(leftovers) <= 1
