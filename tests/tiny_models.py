@@ -18,7 +18,9 @@ Layout conventions (checked against ``vendor/llama.cpp/src/llama-arch.cpp`` and
   stored weights.
 - Tokenizer: the smallest SPM (``tokenizer.ggml.model = "llama"``) vocabulary the loader
   accepts without warnings: ``<unk>``, ``<s>``, ``</s>``, the newline byte token
-  ``<0x0A>`` (the loader looks it up for ``linefeed_id``) and unique plain pieces.
+  ``<0x0A>`` (the loader looks it up for ``linefeed_id``) and unique plain ASCII pieces
+  (non-ASCII pieces make llama-cpp-python's verbose log callback raise UnicodeDecodeError
+  when llama.cpp cuts the printed token list mid-character).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class TinyModel:
 def _vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
     if n_vocab < N_SPECIAL + 1:
         raise ValueError(f"n_vocab must be >= {N_SPECIAL + 1}, got {n_vocab}")
-    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"\u2581t{i}" for i in range(N_SPECIAL, n_vocab)]
+    tokens = ["<unk>", "<s>", "</s>", "<0x0A>"] + [f"t{i}" for i in range(N_SPECIAL, n_vocab)]
     scores = [0.0] * N_SPECIAL + [-float(i) for i in range(N_SPECIAL, n_vocab)]
     types = [_TT_UNKNOWN, _TT_CONTROL, _TT_CONTROL, _TT_BYTE] + [_TT_NORMAL] * (n_vocab - N_SPECIAL)
     return tokens, scores, types
