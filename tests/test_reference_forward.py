@@ -112,7 +112,9 @@ def require_patched():
     except ImportError as e:
         pytest.skip(f"ggufrope.runtime.is_patched is not available yet ({e})")
     if not is_patched():
-        pytest.skip("llama_cpp is a stock build, not the ggufrope-patched library")
+        if os.environ.get("GGUFROPE_ALLOW_STOCK") == "1":  # running the file against a stock build on purpose
+            pytest.skip("llama_cpp is a stock build, not the ggufrope-patched library")
+        pytest.fail("llama_cpp is a stock build, not the ggufrope-patched library: run make build")
 
 
 @pytest.fixture(scope="module")
