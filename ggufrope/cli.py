@@ -309,13 +309,16 @@ def _run_options(f: Any) -> Any:
 
 def _load(model: str, n_ctx: int, method: str | None, factor: float | None, exponent: float,
           logn: bool | None, gpu_layers: int, threads: int | None, verbose: bool) -> Any:
-    from .runtime import load
+    from .runtime import describe, load
 
     kw: dict[str, Any] = {}
     if threads:
         kw["n_threads"] = kw["n_threads_batch"] = threads
-    return load(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx,
-                n_gpu_layers=gpu_layers, verbose=verbose, **kw)
+    llm = load(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx,
+               n_gpu_layers=gpu_layers, verbose=verbose, **kw)
+    click.echo(f"[ggufrope] {describe(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx)}",
+               err=True)
+    return llm
 
 
 @main.command("generate", context_settings=_CONTEXT)

@@ -144,6 +144,38 @@ def llama_kwargs(choice: RopeChoice, arch: str, n_ctx: int, n_ctx_orig: int) -> 
     return out
 
 
+def describe(
+    model_path: str | os.PathLike,
+    *,
+    method: str | None = None,
+    factor: float | None = None,
+    exponent: float = DEFAULT_EXPONENT,
+    logn: bool | None = None,
+    n_ctx: int = 4096,
+) -> str:
+    """One line naming the method :func:`load` applies with these arguments, k resolved,
+    e.g. ``rope: ntk-mixed, b = 0.625, k = 2 (auto: n_ctx 16384 / L 8192), log-n on (from the file)``."""
+    from .gguf_file import read_rope_metadata
+
+    meta = read_rope_metadata(model_path)
+    L = meta["n_ctx_orig"]
+    if method is None and logn is None:
+        m, k, b, ln, src = meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, meta["logn"], "from the file"
+    else:
+        m = canonical(method) if method is not None else (meta["method"] or "none")
+        k, b = (factor, exponent) if method is not None else (meta["factor"], meta["exponent"] or DEFAULT_EXPONENT)
+        ln = bool(logn) if logn is not None else (False if method is not None else meta["logn"])
+        src = "chosen at load time"
+    parts = [m]
+    if m == "ntk-mixed":
+        parts.append(f"b = {b:g}")
+    if m != "none":
+        parts.append(f"k = {k:g}" if k is not None else f"k = {auto_factor(n_ctx, L):g} (auto: n_ctx {n_ctx} / L {L})")
+    parts.append(f"log-n {'on' if ln else 'off'}")
+    lib = library_version() if is_patched() else None
+    return f"rope: {', '.join(parts)} ({src}); llama.cpp {'patched ' + lib if lib else 'stock'}"
+
+
 def load(
     model_path: str | os.PathLike,
     *,
