@@ -10,7 +10,7 @@ CUDA     ?= $(shell nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 
 DEMO_DIR := build/demo
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build model demo test test-slow cuda-compile clean distclean
+.PHONY: all venv build model demo test test-slow cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -45,8 +45,24 @@ test-slow: build
 cuda-compile: build
 	native/cuda-compile.sh
 
+# build the patched test-backend-ops and run -o ROPE / ROPE_SET_ROWS (CUDA=1: CUDA vs CPU)
+test-backend-ops: build
+	CUDA=$(CUDA) native/test-backend-ops.sh
+
+# on a machine with an NVIDIA GPU: CUDA build, test-backend-ops, tiny models and SmolLM2 on the GPU
+gpu-check: venv
+	native/gpu-check.sh
+
 clean:
 	rm -rf build/src build/demo
 
-distclean:
+dist# build the patched test-backend-ops and run -o ROPE / ROPE_SET_ROWS (CUDA=1: CUDA vs CPU)
+test-backend-ops: build
+	CUDA=$(CUDA) native/test-backend-ops.sh
+
+# on a machine with an NVIDIA GPU: CUDA build, test-backend-ops, tiny models and SmolLM2 on the GPU
+gpu-check: venv
+	native/gpu-check.sh
+
+clean:
 	rm -rf build $(VENV)

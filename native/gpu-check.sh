@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: prove the patch on it and print a short report.
+#
+#   native/gpu-check.sh
+#
+# 1. make build CUDA=1 (the GPU's architecture, from nvidia-smi)
+# 2. test-backend-ops -o ROPE / ROPE_SET_ROWS, CUDA vs CPU (native/test-backend-ops.sh)
+# 3. the tiny-model reference tests with every layer on the GPU (GGUFROPE_TEST_NGL=99)
+# 4. SmolLM2-135M-Instruct with ntk-mixed + log-n, every layer on the GPU, greedy, at n_ctx 16384
+#    and 32768; the first 32 tokens at 16384 are compared with a CPU run of the same prompt
+# The report goes to stdout and build/gpu-check/report.txt.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+OUT=build/gpu-check
+mkdir -p "$OUT"
+REPORT=$OUT/report.txt
+: > "$REPORT"
+PY=.venv/bin/python
+say() { echo "$*" | tee -a "$REPORT"; }
+
+nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-check: error: no NVIDIA GPU (nvidia-smi -L failed)" >&2; exit 2; }
+say "# ggufrope GPU check, $(date -u +%Y-%m-%dT%H:%MZ)"
+say "GPU: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader | head -n1)"
+say "nvcc: $(nvcc --version | tail -n1)"
+
+# 1. build
+if ! make build CUDA=1 > "$OUT/build.log" 2>&1; then
+    say "build: FAILED (see $OUT/build.log)"; tail -n 30 "$OUT/build.log"; exit 1
+fi
+say "build: $(tail -n1 "$OUT/build.log")"
+
+# 2. test-backend-ops
+CUDA=1 native/test-backend-ops.sh -b CUDA0 > "$OUT/test-backend-ops.log" 2>&1
+tbo=$?
+say "test-backend-ops (exit $tbo):"
+grep -E "tests passed|Backend CUDA0|FAIL" "$OUT/test-backend-ops.log" | sort | uniq -c | head -n 20 | tee -a "$REPORT"
+# the NMSE plain RoPE needs at large positions, next to the NTK cases' (the tolerance is set from it)
+grep -E 'ROPE\(.*method=none.*n_ctx=65536' "$OUT/test-backend-ops.log" | head -n 4 | tee -a "$REPORT"
+
+# 3. tiny-model reference tests on the GPU
+GGUFROPE_TEST_NGL=99 $PY -m pytest -q tests/test_reference_forward.py tests/test_patched_model.py > "$OUT/tiny.log" 2>&1
+say "tiny-model reference on GPU (exit $?): $(tail -n1 "$OUT/tiny.log")"
+
+# 4. the real model, all layers on the GPU
+MODEL=$($PY -m ggufrope.models) || { say "model: FAILED"; exit 1; }
+$PY -m ggufrope set "$MODEL" --method mixed --b 0.625 --logn -o "$OUT/smollm2-mixed-logn.gguf" > /dev/null
+$PY - "$OUT" <<'PYEOF'
+import sys
+from ggufrope.corpus import demo_text, load_text
+out = sys.argv[1]
+open(f"{out}/prompt-16384.txt", "w").write(demo_text())                        # ~12,500 tokens
+open(f"{out}/prompt-32768.txt", "w").write(load_text("areopagitica"))          # ~24,400 tokens
+PYEOF
+for n in 16384 32768; do
+    /usr/bin/time -f "%e s" -o "$OUT/time-gpu-$n" $PY -m ggufrope generate "$OUT/smollm2-mixed-logn.gguf" \
+        --n-ctx $n -f "$OUT/prompt-$n.txt" -n 32 --gpu-layers -1 > "$OUT/gen-gpu-$n.txt" 2> "$OUT/gen-gpu-$n.log"
+    say "generate n_ctx $n, all layers on GPU (exit $?, $(cat "$OUT/time-gpu-$n")): $(grep '\[ggufrope\] prompt' "$OUT/gen-gpu-$n.log")"
+    say "  output: $(head -c 200 "$OUT/gen-gpu-$n.txt" | tr '\n' ' ')"
+done
+$PY -m ggufrope generate "$OUT/smollm2-mixed-logn.gguf" --n-ctx 16384 -f "$OUT/prompt-16384.txt" -n 32 \
+    --gpu-layers 0 > "$OUT/gen-cpu-16384.txt" 2> "$OUT/gen-cpu-16384.log"
+$PY - "$OUT" <<'PYEOF' | tee -a "$REPORT"
+import sys
+out = sys.argv[1]
+g, c = open(f"{out}/gen-gpu-16384.txt").read(), open(f"{out}/gen-cpu-16384.txt").read()
+if g == c:
+    print("GPU vs CPU, first 32 greedy tokens at n_ctx 16384: identical")
+else:
+    i = next((i for i, (a, b) in enumerate(zip(g, c)) if a != b), min(len(g), len(c)))
+    print(f"GPU vs CPU, first 32 greedy tokens at n_ctx 16384: differ from character {i}: "
+          f"GPU {g[i:i+40]!r} / CPU {c[i:i+40]!r}")
+PYEOF
+say "report: $REPORT"
