@@ -56,13 +56,5 @@ gpu-check: venv
 clean:
 	rm -rf build/src build/demo
 
-dist# build the patched test-backend-ops and run -o ROPE / ROPE_SET_ROWS (CUDA=1: CUDA vs CPU)
-test-backend-ops: build
-	CUDA=$(CUDA) native/test-backend-ops.sh
-
-# on a machine with an NVIDIA GPU: CUDA build, test-backend-ops, tiny models and SmolLM2 on the GPU
-gpu-check: venv
-	native/gpu-check.sh
-
-clean:
+distclean:
 	rm -rf build $(VENV)

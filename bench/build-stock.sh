@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Build the UNPATCHED llama.cpp of the same pinned llama-cpp-python sdist (shared libraries, the
+# flags native/build.sh uses) into build/stock-lib, for side-by-side benchmarks: point
+# llama-cpp-python at it with LLAMA_CPP_LIB_PATH=build/stock-lib. Also builds its test-backend-ops
+# when WITH_TESTS=1 (the rope micro-benchmark).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+VERSION=0.3.36
+SDIST=$BUILD/dl/llama_cpp_python-$VERSION.tar.gz
+[ -f "$SDIST" ] || { echo "build-stock: error: $SDIST missing (run: make build)" >&2; exit 2; }
+SRC=$BUILD/stock-src
+if [ ! -f "$SRC/llama_cpp_python-$VERSION/vendor/llama.cpp/CMakeLists.txt" ]; then
+    rm -rf "$SRC" && mkdir -p "$SRC" && tar -xzf "$SDIST" -C "$SRC"
+fi
+LLAMA=$SRC/llama_cpp_python-$VERSION/vendor/llama.cpp
+if grep -q ggml_rope_set_logn "$LLAMA/ggml/include/ggml.h"; then
+    echo "build-stock: error: $LLAMA is patched" >&2; exit 2
+fi
+TESTS=${WITH_TESTS:-0}
+GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
+cmake -S "$LLAMA" -B "$BUILD/cmake-stock" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=$([ "$TESTS" = 1 ] && echo ON || echo OFF) -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF >/dev/null
+TARGETS=(--target llama ggml)
+[ "$TESTS" = 1 ] && TARGETS+=(test-backend-ops)
+cmake --build "$BUILD/cmake-stock" "${TARGETS[@]}" -j "$(nproc)"
+mkdir -p "$BUILD/stock-lib"
+cp -a "$BUILD"/cmake-stock/bin/lib*.so* "$BUILD/stock-lib/"
+echo "build-stock: unpatched llama.cpp ($VERSION) in $BUILD/stock-lib"

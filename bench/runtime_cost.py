@@ -1,0 +1,131 @@
+"""What the patch costs at run time: prefill and decode speed, patched vs unpatched llama.cpp.
+
+Configurations, on the default real model (SmolLM2-135M-Instruct Q4_1), CPU, flash attention on:
+
+- ``stock``        unpatched llama.cpp of the same pinned tree (bench/build-stock.sh), plain RoPE
+- ``none``         patched library, method none
+- ``mixed``        patched, ntk-mixed (b = 0.625, k = 2)
+- ``mixed+logn``   patched, ntk-mixed + log-n
+
+Tasks: prefill of 512, 4096 and 16384 tokens from an empty context (tokens/s), and decode of 128
+tokens at depth 8192 (tokens/s, prefill not counted). Every measurement runs in a fresh process
+(one model load per task); repetitions alternate the configurations (rotated order per round) so
+drift hits all alike. Prints per-task medians, min–max spread, and ratios to ``stock``; writes
+JSON with every sample.
+
+    .venv/bin/python bench/runtime_cost.py [--reps 3] [--lengths 512,4096,16384] [--decode-depth 8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STOCK_LIB = ROOT / "build" / "stock-lib"
+CONFIGS = ["stock", "none", "mixed", "mixed+logn"]
+N_DECODE = 128
+
+
+def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
+    """Runs in a child process: load, measure one task, return the sample."""
+    from ggufrope import runtime
+    from ggufrope.corpus import documents, load_text
+    from ggufrope.models import default_model_path
+
+    model = default_model_path()
+    if config == "stock":
+        assert not runtime.is_patched(), "stock config loaded the patched library"
+        import llama_cpp
+
+        llm = llama_cpp.Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_ubatch=512, flash_attn=True,
+                              n_threads=threads, n_threads_batch=threads, verbose=False)
+    else:
+        assert runtime.is_patched(), "patched config loaded a stock library"
+        method, logn = {"none": ("none", False), "mixed": ("ntk-mixed", False), "mixed+logn": ("ntk-mixed", True)}[config]
+        llm = runtime.load(model, method=method, factor=2.0, exponent=0.625, logn=logn, n_ctx=n_ctx, n_batch=512,
+                           n_ubatch=512, n_threads=threads, n_threads_batch=threads)
+    text = load_text(documents()[0].name)
+    tokens = llm.tokenize(text.encode(), add_bos=True)
+    prompt = tokens[:n]
+    assert len(prompt) == n
+    llm.reset()
+    t0 = time.perf_counter()
+    for i in range(0, n, llm.n_batch):
+        llm.eval(prompt[i : i + llm.n_batch])
+    t_prefill = time.perf_counter() - t0
+    if task == "prefill":
+        return {"tok_s": n / t_prefill, "seconds": t_prefill}
+    follow = tokens[n : n + N_DECODE]
+    t0 = time.perf_counter()
+    for tok in follow:
+        llm.eval([tok])
+    t_dec = time.perf_counter() - t0
+    return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
+
+
+def run_child(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
+    env = dict(os.environ)
+    if config == "stock":
+        if not (STOCK_LIB / "libllama.so").exists():
+            sys.exit(f"runtime_cost: error: {STOCK_LIB} has no unpatched libllama.so (run bench/build-stock.sh)")
+        env["LLAMA_CPP_LIB_PATH"] = str(STOCK_LIB)
+    else:
+        env.pop("LLAMA_CPP_LIB_PATH", None)
+    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--lengths", default="512,4096,16384")
+    ap.add_argument("--decode-depth", type=int, default=8192)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "runtime_cost.json"))
+    ap.add_argument("--worker", nargs=5, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        c, task, n, n_ctx, th = a.worker
+        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th))))
+        return
+
+    from tqdm import tqdm
+
+    configs = a.configs.split(",")
+    lengths = [int(x) for x in a.lengths.split(",") if x]
+    tasks = [("prefill", n) for n in lengths] + ([("decode", a.decode_depth)] if a.decode_depth else [])
+    n_ctx = max([n for _, n in tasks] + [a.decode_depth + N_DECODE]) + 512
+    samples: dict[str, dict[str, list[float]]] = {f"{t}@{n}": {c: [] for c in configs} for t, n in tasks}
+    jobs = [(r, (t, n), configs[r % len(configs):] + configs[: r % len(configs)]) for r in range(a.reps) for t, n in tasks]
+    with tqdm(total=a.reps * len(tasks) * len(configs), unit="run", file=sys.stderr) as bar:
+        for r, (t, n), order in jobs:
+            for c in order:
+                bar.set_description(f"rep {r + 1} {t}@{n} {c}")
+                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads)["tok_s"])
+                bar.update()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"threads": a.threads, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples}, indent=1))
+
+    base = "stock" if "stock" in configs else configs[0]
+    print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")
+    for key, per in samples.items():
+        med = {c: statistics.median(v) for c, v in per.items()}
+        cells = "".join(f"{med[c]:9.1f} [{min(per[c]):.1f}-{max(per[c]):.1f}]".rjust(24) for c in configs)
+        ratios = "  ".join(f"{c}/{base} {med[c] / med[base]:.3f}" for c in configs if c != base)
+        print(f"{key:16s}{cells}   {ratios}")
+    print(f"\nsamples: {a.out}")
+
+
+if __name__ == "__main__":
+    main()
