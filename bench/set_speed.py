@@ -323,7 +323,8 @@ def measure_inplace(path: str, reps: int, drop: str) -> dict:
 def _shared_bytes(path: str) -> tuple[int, int]:
     """(bytes in extents flagged shared, bytes in all extents) from filefrag -v."""
     out = subprocess.run(["filefrag", "-v", path], capture_output=True, text=True).stdout
-    bs = int(re.search(r"blocksize of (\d+)", out).group(1)) if "blocksize of" in out else 4096
+    m = re.search(r"blocks of (\d+) bytes", out)
+    bs = int(m.group(1)) if m else 4096
     shared = total = 0
     for line in out.splitlines():
         m = re.match(r"\s*\d+:\s+\d+\.\.\s*\d+:\s+\d+\.\.\s*\d+:\s+(\d+):.*", line)

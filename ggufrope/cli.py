@@ -51,8 +51,16 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    # a callback, so that importlib.metadata is imported only for --version (~20 ms)
+    if value and not ctx.resilient_parsing:
+        click.echo(f"ggufrope, version {_version()}")
+        ctx.exit()
+
+
 @click.group(cls=_Group, context_settings=_CONTEXT)
-@click.version_option(_version(), "-V", "--version", prog_name="ggufrope")
+@click.option("-V", "--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and exit.")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Training-free context extension for llama.cpp, chosen by GGUF metadata.

@@ -33,7 +33,10 @@ directory (falling back to a named ``.NAME.ggufrope-tmp-XXXXXXXX`` file where th
 filesystem has no ``O_TMPFILE``), fsynced, linked under a temporary name and renamed over
 the destination with ``os.replace``; the directory is fsynced. On any exception the
 temporary file is removed; with ``O_TMPFILE`` not even SIGKILL leaves one behind (except
-in the microseconds between link and rename). The source is never modified, except by
+in the microseconds between link and rename). The temporary file is held under an
+exclusive ``flock`` until the rename, so the named file that SIGKILL can leave (fallback,
+or that window) is recognised as stale and removed by the next write to the same
+destination (:func:`sweep_stale_temp_files`). The source is never modified, except by
 the in-place header-only fast path, which rewrites only bytes inside the header (never
 tensor data) in one ``pwrite`` and fsyncs.
 
@@ -47,18 +50,70 @@ from __future__ import annotations
 import builtins
 import errno
 import math
+import numbers
 import os
 import secrets
 import stat
 import struct
+import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
-import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 
-from . import keys as K
-from .errors import GGUFRopeError
+
+def _gguf_constants() -> Any:
+    """gguf-py's ``gguf/constants.py`` without the rest of the package.
+
+    ``import gguf`` (or ``gguf.constants``, which runs the package's ``__init__`` first)
+    also imports numpy, the reader, the writer and the quantisers: about 0.2 s, most of
+    the time of an in-place ``ggufrope set``. The constants module needs only ``enum``
+    and ``typing``, so it is loaded on its own from the installed package (its compiled
+    bytecode is reused). When gguf is already imported, its own module is used."""
+    m = sys.modules.get("gguf.constants")
+    if m is not None:
+        return m
+    name = "ggufrope._gguf_constants"
+    m = sys.modules.get(name)
+    if m is not None:
+        return m
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("gguf")
+        if spec is None or not spec.origin:
+            raise ImportError("gguf")
+        path = os.path.join(os.path.dirname(spec.origin), "constants.py")
+        cspec = importlib.util.spec_from_file_location(name, path)
+        if cspec is None or cspec.loader is None:
+            raise ImportError(path)
+        m = importlib.util.module_from_spec(cspec)
+        sys.modules[name] = m
+        try:
+            cspec.loader.exec_module(m)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return m
+    except Exception:  # an unusual installation: the ordinary import
+        import gguf.constants
+
+        return gguf.constants
+
+
+_C = _gguf_constants()
+GGML_QUANT_SIZES = _C.GGML_QUANT_SIZES
+GGUF_DEFAULT_ALIGNMENT = _C.GGUF_DEFAULT_ALIGNMENT
+GGUF_MAGIC = _C.GGUF_MAGIC
+GGMLQuantizationType = _C.GGMLQuantizationType
+GGUFValueType = _C.GGUFValueType
+del _C
+
+from . import keys as K  # noqa: E402
+from .errors import GGUFRopeError  # noqa: E402
 from .methods import DEFAULT_EXPONENT, FILE_METHODS, METHODS, canonical, check_exponent, check_factor
 
 __all__ = [
@@ -77,6 +132,7 @@ __all__ = [
     "write_rope_metadata",
     "reset_rope_metadata",
     "set_keys",
+    "sweep_stale_temp_files",
 ]
 
 #: The padding key (see the module docstring): ARRAY of UINT8 zeros, always the last key.
@@ -148,7 +204,8 @@ KNOWN_ROPE_ARCHS = frozenset(
     """.split()
 )
 
-_F32_MAX = float(np.finfo(np.float32).max)
+_F32_MAX = float.fromhex("0x1.fffffep+127")  # the largest finite float32
+_F32 = struct.Struct("<f")
 
 
 # --------------------------------------------------------------------------- data model
@@ -267,17 +324,28 @@ def _type_name(t: int) -> str:
 
 
 def _f32(x: float) -> float:
-    """The float32 value nearest to ``x`` as a Python float, or ``inf`` on overflow."""
+    """The float32 value nearest to ``x`` (round half to even) as a Python float, or
+    ``inf`` on overflow."""
     x = float(x)
-    if math.isfinite(x) and abs(x) > _F32_MAX * (1 + 2**-25):
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:  # rounds beyond the largest float32
         return math.copysign(math.inf, x)
-    with np.errstate(over="ignore"):
-        return float(np.float32(x))
 
 
 def f32_repr(x: float) -> str:
-    """Shortest decimal that round-trips through float32 (``2.7`` rather than 2.70000004)."""
-    return str(np.float32(x))
+    """Shortest decimal that round-trips through float32 (``2.7`` rather than 2.70000004;
+    the digits of numpy's ``str(np.float32(x))``), in Python's ``repr`` notation
+    (``100000.0``, ``1e+20``; numpy 2 switches to exponents from 1e6 on)."""
+    x = _f32(x)
+    if not math.isfinite(x) or x == 0:
+        return repr(x)
+    for digits in range(1, 10):  # 9 significant digits always round-trip a float32
+        s = f"{x:.{digits - 1}e}"
+        if _f32(float(s)) == x:
+            # the double nearest s has s as its shortest repr
+            return repr(float(s))
+    return repr(x)  # pragma: no cover
 
 
 def _os_error(e: OSError, what: str, path: Any) -> GGUFRopeError:
@@ -389,21 +457,48 @@ class _Stream:
         return None
 
     def skip_strings(self, count: int, what: str) -> None:
-        """Validate ``count`` strings (length-prefixed UTF-8) without keeping them."""
-        u64 = self.st("Q")
-        for i in range(count):
+        """Validate ``count`` strings (length-prefixed UTF-8) without keeping them.
+
+        Runs of strings that lie whole in the buffer and whose length prefixes are all
+        ASCII bytes (< 0x80 each: lengths below 128, most of a vocabulary) are walked by
+        their lengths and validated in one decode of the whole run: such a run is valid
+        UTF-8 exactly when each string is, since an ASCII byte is always a character
+        boundary. Other strings, and the strings of a run that does not decode (for the
+        message), are checked one by one."""
+        unpack = self.st("Q").unpack_from
+        i = 0
+        while i < count:
             buf, pos = self.buf, self.pos
-            if pos + 8 <= len(buf):
-                (n,) = u64.unpack_from(buf, pos)
+            blen = len(buf)
+            start, first = pos, i
+            while i < count and pos + 8 <= blen:
+                (n,) = unpack(buf, pos)
                 end = pos + 8 + n
-                if end <= len(buf):
-                    try:
-                        buf[pos + 8 : end].decode("utf-8")
-                    except UnicodeDecodeError:
-                        raise self.error(f"{what}[{i}] is not valid UTF-8") from None
-                    self.pos = end
-                    continue
-            self.string(f"{what}[{i}]", keep=False)
+                if end > blen or n & 0x8080808080808080:
+                    break
+                pos = end
+                i += 1
+            if pos > start:
+                run = buf[start:pos]
+                if not (run.isascii() or _utf8_ok(run)):
+                    p = start
+                    for j in range(first, i):
+                        (n,) = unpack(buf, p)
+                        if not _utf8_ok(buf[p + 8 : p + 8 + n]):
+                            raise self.error(f"{what}[{j}] is not valid UTF-8")
+                        p += 8 + n
+                self.pos = pos
+            if i < count:  # a long string, or one that crosses the buffer's end
+                self.string(f"{what}[{i}]", keep=False)
+                i += 1
+
+
+def _utf8_ok(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
@@ -762,7 +857,7 @@ def _rope_values(method: str, factor: float | None, exponent: float | None, logn
             f"use llama.cpp's {how} instead"
         )
     for name, x in (("factor k", factor), ("exponent b", exponent)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float, np.floating, np.integer))):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
             raise GGUFRopeError(f"{name} must be a number, got {x!r}")
     if factor is not None:
         if m == "none":
@@ -935,6 +1030,23 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int
         count -= n
 
 
+def _copy_data(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int, block: int = PAGE) -> None:
+    """Copy the data section so that copy-on-write filesystems can share its extents.
+
+    A clone (``copy_file_range`` on btrfs and XFS, which the kernel turns into a
+    ``remap_file_range``) needs block-aligned start offsets on both sides; given unaligned
+    ones, the kernel silently falls back to copying every byte. The data section rarely
+    starts on a block boundary, but the placement rule (see :func:`_plan`) keeps
+    ``dst_off`` congruent to ``src_off`` modulo ``block``: so the bytes up to the source's
+    next block boundary are copied first (less than a block), and the rest starts aligned
+    on both sides and can be cloned whole (its end is the end of the file)."""
+    head = min(count, -src_off % block)
+    if head and (dst_off - src_off) % block == 0:
+        _copy_range(src_fd, dst_fd, src_off, dst_off, head)
+        src_off, dst_off, count = src_off + head, dst_off + head, count - head
+    _copy_range(src_fd, dst_fd, src_off, dst_off, count)
+
+
 def _write_segments(src_fd: int, dst_fd: int, segments: list, at: int = 0) -> int:
     pos = at
     for seg in segments:
@@ -995,14 +1107,80 @@ def _tmpfile_works(d: str) -> bool:
     return ok
 
 
+_TMP_MARK = ".ggufrope-tmp-"
+
+
+def _tmp_name(d: str, dst: str) -> str:
+    return os.path.join(d, f".{os.path.basename(dst)}{_TMP_MARK}{secrets.token_hex(4)}")
+
+
+def _lock(fd: int) -> bool | None:
+    """Take an exclusive flock on ``fd`` without waiting: True when taken, False when
+    another open file holds one, None when the filesystem has no locks."""
+    if fcntl is None:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def sweep_stale_temp_files(dst: str | os.PathLike) -> list[str]:
+    """Remove the temporary files that earlier writes to ``dst`` left in its directory
+    when they were killed (SIGKILL, power loss) where no cleanup can run: the named
+    ``.DST.ggufrope-tmp-XXXXXXXX`` files of the fallback for filesystems without
+    ``O_TMPFILE``, or an ``O_TMPFILE`` file killed between its link and its rename.
+
+    A writer holds an exclusive ``flock`` on its temporary file from creation to rename,
+    and the kernel drops it when the writer dies; so a file that can be locked belongs to
+    no live writer, and is removed. Regular files only, matched by exact name; files whose
+    lock cannot be taken (a live writer, a filesystem without locks) are left alone.
+    Returns the names removed. Called before every write to ``dst``."""
+    dst = os.fsdecode(os.fspath(dst))
+    d = os.path.dirname(os.path.abspath(dst)) or "."
+    prefix = f".{os.path.basename(dst)}{_TMP_MARK}"
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(d) if n.startswith(prefix)]
+    except OSError:
+        return removed
+    for n in names:
+        tail = n[len(prefix) :]
+        if len(tail) != 8 or any(c not in "0123456789abcdef" for c in tail):
+            continue
+        path = os.path.join(d, n)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not _lock(fd):
+                continue
+            st2 = os.lstat(path)  # still the file that was locked?
+            if (st2.st_dev, st2.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(path)
+                removed.append(n)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 class _AtomicFile:
-    """A new file that appears at ``dst`` complete or not at all."""
+    """A new file that appears at ``dst`` complete or not at all. It is held under an
+    exclusive flock until it is renamed (see :func:`sweep_stale_temp_files`)."""
 
     def __init__(self, dst: str, mode: int):
         self.dst = dst
         self.dir = os.path.dirname(os.path.abspath(dst)) or "."
         self.name: str | None = None  # named temporary file, if any
         self.fd = -1
+        sweep_stale_temp_files(dst)
         flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
         if _tmpfile_works(self.dir):
             try:
@@ -1010,16 +1188,23 @@ class _AtomicFile:
             except OSError as e:
                 if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
                     raise _os_error(e, "cannot create a file in", self.dir) from None
+            else:
+                _lock(self.fd)
         if self.fd < 0:
             for _ in range(100):
-                name = os.path.join(self.dir, f".{os.path.basename(dst)}.ggufrope-tmp-{secrets.token_hex(4)}")
+                name = _tmp_name(self.dir, dst)
                 try:
-                    self.fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode & 0o777)
+                    fd = os.open(name, flags | os.O_CREAT | os.O_EXCL, mode & 0o777)
                 except FileExistsError:
                     continue
                 except OSError as e:
                     raise _os_error(e, "cannot create a file in", self.dir) from None
-                self.name = name
+                # a sweep by another process may have locked and removed it before we
+                # could lock it: then take another name
+                if _lock(fd) is False or not _names(name, fd):
+                    os.close(fd)
+                    continue
+                self.fd, self.name = fd, name
                 break
             else:  # pragma: no cover
                 raise GGUFRopeError(f"cannot create a temporary file in {_show(self.dir)}")
@@ -1028,7 +1213,7 @@ class _AtomicFile:
         os.fsync(self.fd)
         if self.name is None:
             for _ in range(100):
-                name = os.path.join(self.dir, f".{os.path.basename(self.dst)}.ggufrope-tmp-{secrets.token_hex(4)}")
+                name = _tmp_name(self.dir, self.dst)
                 try:
                     _link_fd(self.fd, name)
                 except FileExistsError:
@@ -1056,6 +1241,15 @@ class _AtomicFile:
             except OSError:
                 pass
             self.name = None
+
+
+def _names(path: str, fd: int) -> bool:
+    """Whether ``path`` is (still) the name of the open file ``fd``."""
+    try:
+        a, b = os.lstat(path), os.fstat(fd)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 def _fsync_dir(d: str) -> None:
@@ -1120,6 +1314,7 @@ def _rewrite(
         gone = builtins.set(remove) | {KEY_RESERVED}
         removed = tuple(kv.key for kv in h.kvs if kv.key in gone and kv.key not in set_ and not (reserve and kv.key == KEY_RESERVED))
         if in_place and plan.header_len == h.data_offset:
+            sweep_stale_temp_files(dst_p)
             return replace(_rewrite_header_in_place(src_p, src_fd, h, plan), removed=removed)
         mode = (st.st_mode & 0o7777) if in_place else (st.st_mode & 0o777 & ~_umask())
         out = _AtomicFile(dst_p, mode)
@@ -1133,7 +1328,7 @@ def _rewrite(
             n = _write_segments(src_fd, out.fd, plan.segments)
             assert n == plan.header_len
             data = h.file_size - h.data_offset if h.data_offset <= h.file_size else 0
-            _copy_range(src_fd, out.fd, h.data_offset, plan.header_len, data)
+            _copy_data(src_fd, out.fd, h.data_offset, plan.header_len, data, max(PAGE, h.alignment))
             os.ftruncate(out.fd, plan.header_len + data)
             # check what was written before it replaces anything
             with open(out.fd, "rb", buffering=0, closefd=False) as g:
@@ -1152,6 +1347,27 @@ def _rewrite(
         raise _os_error(e, "cannot read", src_p) from None
     finally:
         os.close(src_fd)
+
+
+def _diff_span(a: bytes, b: bytes) -> tuple[int, int] | None:
+    """``(first, last + 1)`` of the bytes where ``a`` and ``b`` (same length) differ, or
+    None when equal; blocks are compared as slices, bytes one by one only inside the first
+    and last differing block."""
+    n = len(a)
+    if a == b:
+        return None
+    step = 4096
+    lo = 0
+    while a[lo : lo + step] == b[lo : lo + step]:
+        lo += step
+    while a[lo] == b[lo]:
+        lo += 1
+    hi = n
+    while a[max(lo, hi - step) : hi] == b[max(lo, hi - step) : hi]:
+        hi = max(lo, hi - step)
+    while a[hi - 1] == b[hi - 1]:
+        hi -= 1
+    return lo, hi
 
 
 def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> WriteResult:
@@ -1187,10 +1403,10 @@ def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> 
     old = os.pread(src_fd, len(buf), lo)
     if len(old) != len(buf):
         raise GGUFRopeError(f"{_show(path)} changed while ggufrope was reading it")
-    diff = np.flatnonzero(np.frombuffer(bytes(buf), np.uint8) != np.frombuffer(old, np.uint8))
-    if not len(diff):
+    span = _diff_span(bytes(buf), old)
+    if span is None:
         return WriteResult(path, True, h.data_offset, h.data_offset, 0, 0, plan.reserved)
-    a, z = int(diff[0]), int(diff[-1]) + 1
+    a, z = span
     buf, lo = buf[a:z], lo + a
     try:
         fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import math
 import os
+import shutil
 import struct
 from pathlib import Path
 
@@ -475,6 +477,37 @@ def test_large_data_section_is_copied_exactly(tmp_path) -> None:
     assert_rewrite_ok(p, out)
 
 
+def test_data_section_is_copied_from_block_aligned_offsets(tmp_path, monkeypatch) -> None:
+    """btrfs/XFS clone (share) extents only between block-aligned offsets, and silently
+    copy otherwise: the data section is copied as a short head up to the source's next 4096
+    boundary, then the rest from offsets aligned on both sides."""
+    if not hasattr(os, "copy_file_range"):
+        pytest.skip("no os.copy_file_range")
+    data = np.random.default_rng(2).integers(0, 256, size=(1 << 20) + 5, dtype=np.uint8)
+    p = tmp_path / "big.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_rope_dimension_count(64)
+    w.add_tensor("big", data.view(np.int8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    hs = G.read_header(p)
+    assert hs.data_offset % 4096  # the interesting case: an unaligned data section
+    calls = []
+    real = os.copy_file_range
+    monkeypatch.setattr(G, "_USE_COPY_FILE_RANGE", True)
+    monkeypatch.setattr(os, "copy_file_range", lambda s, d, n, so, do: calls.append((n, so, do)) or real(s, d, n, so, do))
+    out = tmp_path / "o.gguf"
+    r = G.write_rope_metadata(p, out, method="ntk")
+    data_calls = [c for c in calls if c[1] >= hs.data_offset]
+    head = -hs.data_offset % 4096
+    assert data_calls[0] == (head, hs.data_offset, r.data_offset)
+    n, so, do = data_calls[1]
+    assert so % 4096 == 0 and do % 4096 == 0 and so == hs.data_offset + head and so + n == p.stat().st_size
+    assert_rewrite_ok(p, out)
+
+
 # --------------------------------------------------------------------------- atomicity
 
 
@@ -534,6 +567,68 @@ def test_output_mode_follows_source_and_umask(small_gguf, tmp_path) -> None:
     finally:
         os.umask(old)
     assert (tmp_path / "o.gguf").stat().st_mode & 0o777 == 0o600
+
+
+def _fake_temp(d: Path, dst: str, tag: str = "0123abcd", data: bytes = b"half a model") -> Path:
+    t = d / f".{dst}.ggufrope-tmp-{tag}"
+    t.write_bytes(data)
+    return t
+
+
+def test_stale_named_temp_files_are_swept_by_the_next_write(small_gguf, tmp_path) -> None:
+    """A named temporary file left by a killed write (no live process holds its flock) is
+    removed by the next write to the same destination; nothing else is touched."""
+    import fcntl
+
+    stale = _fake_temp(tmp_path, "dst.gguf")
+    live = _fake_temp(tmp_path, "dst.gguf", "feedbeef")
+    other = _fake_temp(tmp_path, "other.gguf")  # another destination's
+    odd = [tmp_path / ".dst.gguf.ggufrope-tmp-XYZ", tmp_path / ".dst.gguf.ggufrope-tmp-0123abcd5"]
+    for o in odd:
+        o.write_bytes(b"x")
+    link = tmp_path / ".dst.gguf.ggufrope-tmp-aaaaaaaa"
+    link.symlink_to(small_gguf)
+    fd = os.open(live, os.O_RDONLY)  # a writer at work holds its lock
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        r = G.write_rope_metadata(small_gguf, tmp_path / "dst.gguf", method="ntk")
+    finally:
+        os.close(fd)
+    assert not stale.exists()
+    assert live.exists() and other.exists() and all(o.exists() for o in odd) and link.is_symlink()
+    assert small_gguf.exists() and G.read_rope_metadata(r.path)["method"] == "ntk"
+    # unlocked now (its writer "died"): the next write, here the in-place fast path, sweeps it
+    assert G.write_rope_metadata(tmp_path / "dst.gguf", None, method="mixed").header_only
+    assert not live.exists() and other.exists()
+    t = _fake_temp(tmp_path, "dst.gguf", "00000000")
+    assert G.sweep_stale_temp_files(tmp_path / "dst.gguf") == [t.name] and not t.exists()
+
+
+def test_temp_file_is_locked_while_written(small_gguf, tmp_path, monkeypatch) -> None:
+    """While a write is in progress its temporary file (named or O_TMPFILE) is flocked, so
+    a sweep from another process leaves it alone."""
+    import fcntl
+
+    real = G._copy_data
+    for tmpfile in (True, False):
+        monkeypatch.setattr(G, "_USE_O_TMPFILE", tmpfile)
+        G._tmpfile_ok.clear()
+        seen = []
+
+        def probe(src_fd, dst_fd, *a, **k):
+            fd = os.open(f"/proc/self/fd/{dst_fd}", os.O_RDONLY)  # a new open file: its own lock
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append(G.sweep_stale_temp_files(tmp_path / "o.gguf"))
+            finally:
+                os.close(fd)
+            return real(src_fd, dst_fd, *a, **k)
+
+        monkeypatch.setattr(G, "_copy_data", probe)
+        G.write_rope_metadata(small_gguf, tmp_path / "o.gguf", method="ntk")
+        assert seen == [[]] and no_temp_files(tmp_path)
+    G._tmpfile_ok.clear()
 
 
 # --------------------------------------------------------------------------- set_keys
@@ -772,6 +867,76 @@ def test_huge_string_value_is_validated_in_chunks(tmp_path) -> None:
         G.read_header(bad)
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 97])
+def test_string_arrays_are_validated_in_runs(tmp_path, monkeypatch, chunk) -> None:
+    """The fast path of skip_strings (runs of strings with ASCII length prefixes, one
+    decode per run) accepts exactly what string-by-string decoding accepts, and names the
+    first bad string, with long strings (>= 128 bytes: non-ASCII prefixes) and strings
+    crossing the read buffer (a tiny chunk) in between."""
+    monkeypatch.setattr(G, "_CHUNK", chunk)
+    strings = [b"a", "é✓".encode(), b"x" * 200, b"", "ţ".encode() * 70, b"tok"] * 20  # 140 bytes of ţ
+    body = struct.pack("<IQ", VT.STRING, len(strings)) + b"".join(pstr(x) for x in strings)
+    good = raw_gguf(LLAMA_KVS + [kv("arr", VT.ARRAY, body)])
+    G.read_header(write(tmp_path, good, "good.gguf"))
+    for j, bad_bytes in [(0, b"\xff"), (1, b"\xc3"), (2, b"x" * 199 + b"\xe2"), (41, b"\xed\xa0\x80"), (119, b"ok\xc0\xaf")]:
+        bad = list(strings)
+        bad[j] = bad_bytes
+        body = struct.pack("<IQ", VT.STRING, len(bad)) + b"".join(pstr(x) for x in bad)
+        p = write(tmp_path, raw_gguf(LLAMA_KVS + [kv("arr", VT.ARRAY, body)]), f"bad{j}.gguf")
+        with pytest.raises(GGUFRopeError, match=rf"array 'arr'\[{j}\] is not valid UTF-8"):
+            G.read_header(p)
+    # a string cut short by a lead byte completed by the next length prefix (0xA9 = 169):
+    # valid as a whole run, invalid string by string; it must be refused
+    tricky = [b"ab\xc3", b"y" * 169]
+    body = struct.pack("<IQ", VT.STRING, 2) + b"".join(pstr(x) for x in tricky)
+    p = write(tmp_path, raw_gguf(LLAMA_KVS + [kv("arr", VT.ARRAY, body)]), "tricky.gguf")
+    with pytest.raises(GGUFRopeError, match=r"array 'arr'\[0\] is not valid UTF-8"):
+        G.read_header(p)
+
+
+def test_gguf_constants_are_gguf_pys() -> None:
+    """gguf_file takes gguf-py's constants module without importing the package (numpy):
+    the same values, and interchangeable with gguf's own enums."""
+    assert G.GGUF_MAGIC == gguf.GGUF_MAGIC and G.GGUF_DEFAULT_ALIGNMENT == gguf.GGUF_DEFAULT_ALIGNMENT
+    assert {t.name: int(t) for t in G.GGUFValueType} == {t.name: int(t) for t in gguf.GGUFValueType}
+    assert {int(k): v for k, v in G.GGML_QUANT_SIZES.items()} == {int(k): v for k, v in gguf.GGML_QUANT_SIZES.items()}
+    assert G.GGUFValueType.STRING == gguf.GGUFValueType.STRING
+    assert {gguf.GGUFValueType.BOOL: 1}[G.GGUFValueType.BOOL] == 1
+
+
+def test_gguf_constants_load_without_the_package(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from ggufrope.gguf_file import _gguf_constants; "
+        "sys.modules.pop('gguf.constants', None); sys.modules.pop('ggufrope._gguf_constants', None); "
+        "gone = {m for m in sys.modules if m == 'numpy' or m.startswith('gguf')}; "
+        "[sys.modules.pop(m) for m in gone]; "
+        "c = _gguf_constants(); print(c.__name__, 'numpy' in sys.modules, 'gguf' in sys.modules, int(c.GGUFValueType.ARRAY))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["ggufrope._gguf_constants", "False", "False", "9"]
+
+
+def test_float32_helpers_agree_with_numpy() -> None:
+    vals = np.random.default_rng(3).integers(0, 2**32, size=20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    for v in list(vals) + [np.float32(x) for x in (0.625, 2.7, 1e-4, 1e16, 100000.0, -0.0, 3.4028235e38, 1e-45)]:
+        s = G.f32_repr(float(v))
+        if np.isnan(v):
+            assert s == "nan"
+            continue
+        assert np.float32(float(s)) == v  # round-trips
+        assert float(s) == float(str(v))  # numpy's shortest digits
+    assert G.f32_repr(2.7) == "2.7" and G.f32_repr(100000.0) == "100000.0" and G.f32_repr(0.625) == "0.625"
+    with np.errstate(over="ignore"):
+        for x in (1e39, -1e39, 3.4028235e38, 3.40282357e38, 3.4028236e38, float("inf"), 2.7, 1e-46, 7e-46, 1.5e-45):
+            assert G._f32(x) == float(np.float32(x)), x
+    assert math.isnan(G._f32(float("nan")))
+
+
 # --------------------------------------------------------------------------- fuzzing
 
 _FUZZ: dict[str, bytes] = {}
@@ -951,3 +1116,271 @@ def test_sigkill_leaves_destination_intact_and_no_temp_file(small_gguf, tmp_path
         assert leftovers == []
     else:  # a named temporary file cannot be cleaned up after SIGKILL
         assert len(leftovers) <= 1
+
+
+# --------------------------------------------------------------------------- SIGKILL, for real
+
+_KILL_WRITER = r"""
+import sys
+from ggufrope import gguf_file as G
+G._USE_O_TMPFILE = sys.argv[3] == "1"
+G.write_rope_metadata(sys.argv[1], None if sys.argv[2] == "-" else sys.argv[2], method="mixed", logn=True)
+"""
+
+
+def gguf_with_data(path: Path, nbytes: int, seed: int = 0) -> Path:
+    """A llama GGUF whose data section is one tensor of ``nbytes`` random bytes (data
+    section not 4096-aligned, as in most real files)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(4096)
+    w.add_rope_dimension_count(64)
+    w.add_name("x" * (seed % 7))
+    w.add_tensor("t", np.random.default_rng(seed).integers(-128, 128, size=nbytes, dtype=np.int8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def file_hash(p: Path) -> str:
+    with open(p, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@pytest.fixture(scope="module")
+def large_gguf(tmp_path_factory):
+    """96 MiB of tensor data, its hash, and the hash and size of its `set` output: large
+    enough that a kill lands inside the data copy (~0.1 s here)."""
+    d = tmp_path_factory.mktemp("large")
+    src = gguf_with_data(d / "large.gguf", 96 << 20, seed=5)
+    ref = d / "ref.gguf"
+    G.write_rope_metadata(src, ref, method="mixed", logn=True)
+    info = {"src": src, "old": file_hash(src), "new": file_hash(ref), "size": ref.stat().st_size}
+    ref.unlink()
+    return info
+
+
+def _kill_during_copy(src: Path, dst: Path | None, d: Path, frac: float, tmpfile: bool, final: int) -> int:
+    """Start a real write of ``src`` (to ``dst``, or in place), watch its temporary file
+    through /proc/PID/fd, SIGKILL it once that file holds ``frac`` of its final size
+    (``frac`` 1: once complete, i.e. during fsync, verify or rename). Returns the size the
+    temporary file had when the signal was sent (-1: the write ended first)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.Popen([sys.executable, "-c", _KILL_WRITER, str(src), str(dst) if dst else "-", "1" if tmpfile else "0"], env=env)
+    seen = -1
+    try:
+        deadline = time.monotonic() + 60
+        while p.poll() is None and time.monotonic() < deadline:
+            for fd in os.listdir(f"/proc/{p.pid}/fd") if os.path.isdir(f"/proc/{p.pid}/fd") else []:
+                try:
+                    target = os.readlink(f"/proc/{p.pid}/fd/{fd}")
+                    if not target.startswith(str(d) + "/") or not ("ggufrope-tmp" in target or "(deleted)" in target):
+                        continue
+                    size = os.stat(f"/proc/{p.pid}/fd/{fd}").st_size
+                except OSError:
+                    continue
+                if size >= frac * final:
+                    os.kill(p.pid, signal.SIGKILL)
+                    seen = size
+                    break
+            if seen >= 0:
+                break
+            time.sleep(0.0002)
+    finally:
+        if p.poll() is None and seen < 0:
+            p.kill()
+        p.wait(timeout=60)
+    if seen >= 0:
+        assert p.returncode == -signal.SIGKILL
+    return seen
+
+
+@pytest.mark.parametrize("frac", [0.05, 0.5, 0.95, 1.0])
+def test_sigkill_during_a_large_write(large_gguf, tmp_path, frac) -> None:
+    """A real write of ~96 MiB killed with SIGKILL at several points of the data copy (and
+    once the temporary file is complete): the destination keeps its old bytes (or, for the
+    last point, has the complete new ones), verified by hash; O_TMPFILE leaves nothing."""
+    if not G._tmpfile_works(str(tmp_path)):
+        pytest.skip("no O_TMPFILE here (the named fallback is tested below)")
+    dst = tmp_path / "dst.gguf"
+    dst.write_bytes(b"old contents")
+    old = file_hash(dst)
+    for attempt in range(3):
+        seen = _kill_during_copy(large_gguf["src"], dst, tmp_path, frac, True, large_gguf["size"])
+        if seen >= 0:
+            break
+        dst.write_bytes(b"old contents")  # the write won the race: run it again
+    assert seen >= 0, "the write always finished before the kill"
+    if frac < 1:
+        assert 0 < seen < large_gguf["size"]  # the kill landed inside the data copy
+        assert file_hash(dst) == old
+    else:
+        assert file_hash(dst) in (old, large_gguf["new"])
+    assert no_temp_files(tmp_path) and os.listdir(tmp_path) == ["dst.gguf"]
+    assert file_hash(large_gguf["src"]) == large_gguf["old"]
+
+
+def test_sigkill_during_a_large_in_place_rewrite(large_gguf, tmp_path) -> None:
+    """In place (the first set: a full rewrite), killed mid-copy: the file is the old one."""
+    if not G._tmpfile_works(str(tmp_path)):
+        pytest.skip("no O_TMPFILE here")
+    src = tmp_path / "m.gguf"
+    shutil.copyfile(large_gguf["src"], src)
+    seen = _kill_during_copy(src, None, tmp_path, 0.5, True, large_gguf["size"])
+    assert 0 < seen < large_gguf["size"]
+    assert file_hash(src) == large_gguf["old"]
+    assert os.listdir(tmp_path) == ["m.gguf"]
+
+
+def test_sigkill_with_named_temp_file_then_next_write_sweeps_it(large_gguf, tmp_path) -> None:
+    """The fallback for filesystems without O_TMPFILE: SIGKILL leaves its named temporary
+    file (nothing can remove it then), the destination is intact, and the next write to the
+    same destination removes the leftover."""
+    dst = tmp_path / "dst.gguf"
+    dst.write_bytes(b"old contents")
+    seen = _kill_during_copy(large_gguf["src"], dst, tmp_path, 0.5, False, large_gguf["size"])
+    assert 0 < seen < large_gguf["size"]
+    assert dst.read_bytes() == b"old contents"
+    left = [f for f in os.listdir(tmp_path) if "ggufrope-tmp" in f]
+    assert len(left) == 1 and left[0].startswith(".dst.gguf.ggufrope-tmp-")
+    G.write_rope_metadata(large_gguf["src"], dst, method="mixed", logn=True)
+    assert os.listdir(tmp_path) == ["dst.gguf"]
+    assert file_hash(dst) == large_gguf["new"]
+
+
+# --------------------------------------------------------------------------- real filesystems
+
+
+def _mount(args: list[str], where: Path) -> str | None:
+    """Mount (root only); None on success, else why not."""
+    import subprocess
+
+    if os.geteuid() != 0:
+        return "mounting needs root"
+    p = subprocess.run(["mount", *args, str(where)], capture_output=True, text=True)
+    return None if p.returncode == 0 else f"mount {' '.join(args)} refused: {p.stderr.strip()}"
+
+
+def _umount(where: Path) -> None:
+    import subprocess
+
+    subprocess.run(["umount", str(where)], capture_output=True)
+    if os.path.ismount(where):
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """An 8 MiB tmpfs (root and mount(2) needed; otherwise the simulated ENOSPC of
+    test_failure_mid_write_leaves_nothing stands in)."""
+    d = tmp_path / "fs"
+    d.mkdir()
+    why = _mount(["-t", "tmpfs", "-o", "size=8m,mode=0755", "tmpfs"], d)
+    if why:
+        pytest.skip(f"{why}; the simulated ENOSPC test covers this")
+    try:
+        yield d
+    finally:
+        _umount(d)
+
+
+def _free(d: Path) -> int:
+    st = os.statvfs(d)
+    return st.f_bavail * st.f_frsize
+
+
+@pytest.mark.parametrize("tmpfile", [True, False])
+def test_full_filesystem_during_a_write(small_fs, tmp_path, monkeypatch, tmpfile) -> None:
+    """12 MiB of data into an 8 MiB filesystem: a clean one-line error, the old destination
+    and the source intact, no temporary file, the space given back."""
+    monkeypatch.setattr(G, "_USE_O_TMPFILE", tmpfile)
+    G._tmpfile_ok.clear()
+    src = gguf_with_data(tmp_path / "src.gguf", 12 << 20)
+    before = file_hash(src)
+    dst = small_fs / "dst.gguf"
+    dst.write_bytes(b"old contents")
+    free = _free(small_fs)
+    with pytest.raises(GGUFRopeError) as ei:
+        G.write_rope_metadata(src, dst, method="mixed", logn=True)
+    msg = str(ei.value)
+    assert "\n" not in msg and msg == f"cannot write {dst}: No space left on device"
+    assert dst.read_bytes() == b"old contents" and file_hash(src) == before
+    assert os.listdir(small_fs) == ["dst.gguf"]
+    assert _free(small_fs) == free
+    G._tmpfile_ok.clear()
+
+
+def test_full_filesystem_during_an_in_place_rewrite(small_fs) -> None:
+    """The first in-place set of a 5 MiB file on an 8 MiB filesystem needs a second copy:
+    the CLI says so in one line with exit status 2 and the file is untouched."""
+    from click.testing import CliRunner
+
+    from ggufrope.cli import main
+
+    src = gguf_with_data(small_fs / "m.gguf", 5 << 20)
+    before = file_hash(src)
+    free = _free(small_fs)
+    r = CliRunner().invoke(main, ["set", str(src), "-m", "mixed", "--logn", "--in-place"])
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr == f"ggufrope: error: cannot write {src}: No space left on device\n"
+    assert file_hash(src) == before and os.listdir(small_fs) == ["m.gguf"] and _free(small_fs) == free
+
+
+@pytest.mark.parametrize("fs", ["btrfs", "xfs"])
+def test_copy_on_write_filesystem_shares_the_data_extents(tmp_path, fs) -> None:
+    """On a loop-mounted btrfs or XFS image, `set` shares the data extents of the source
+    (filefrag: all but the first, partial block are flagged shared), and an in-place re-set
+    keeps them shared; a write placed without the mod-4096 rule shares nothing."""
+    import re
+    import subprocess
+
+    mkfs = {"btrfs": "mkfs.btrfs", "xfs": "mkfs.xfs"}[fs]
+    if not shutil.which(mkfs) or not shutil.which("filefrag"):
+        pytest.skip(f"{mkfs} or filefrag not installed")
+    img, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(320 << 20)
+    subprocess.run([mkfs, "-q", "-f", str(img)], check=True, capture_output=True)
+    why = _mount(["-o", "loop", str(img)], mnt)
+    if why:
+        pytest.skip(why)
+    try:
+        def shared(p: Path) -> tuple[int, int]:
+            out = subprocess.run(["filefrag", "-v", str(p)], capture_output=True, text=True, check=True).stdout
+            bs = int(re.search(r"blocks of (\d+) bytes", out).group(1))
+            ext = [ln for ln in out.splitlines() if re.match(r"\s*\d+:\s+\d+\.\.", ln)]
+            total = sum(int(ln.split(":")[3].strip()) for ln in ext) * bs
+            return sum(int(ln.split(":")[3].strip()) for ln in ext if "shared" in ln) * bs, total
+
+        src = gguf_with_data(mnt / "src.gguf", 8 << 20)
+        os.sync()
+        hs = G.read_header(src)
+        assert hs.data_offset % 4096
+        out = mnt / "out.gguf"
+        G.write_rope_metadata(src, out, method="mixed", logn=True)
+        os.sync()
+        data = src.stat().st_size - hs.data_offset
+        n, total = shared(out)
+        assert n >= data - 4096 and n >= total - 2 * 4096 - G.read_header(out).data_offset
+        assert_rewrite_ok(src, out)
+        assert G.write_rope_metadata(out, None, method="ntk", factor=2.0).header_only
+        os.sync()
+        assert shared(out)[0] == n
+        ctl = mnt / "ctl.gguf"
+        old_page = G.PAGE
+        try:
+            G.PAGE = 32  # placement by the GGUF alignment only
+            r = G.write_rope_metadata(src, ctl, method="mixed", logn=True)
+        finally:
+            G.PAGE = old_page
+        os.sync()
+        assert r.data_offset % 4096 != hs.data_offset % 4096 and shared(ctl)[0] == 0
+    finally:
+        _umount(mnt)
