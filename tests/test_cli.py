@@ -210,3 +210,115 @@ def test_real_process(small_gguf, tmp_path) -> None:
         p = subprocess.run([str(exe), "reset", str(out), "--in-place"], capture_output=True, text=True, env=env, timeout=60)
         assert p.returncode == 0, p.stderr
         assert out.read_bytes() == small_gguf.read_bytes()
+
+
+# --------------------------------------------------------------------------- bad files, through the CLI
+
+
+def _bad_files(tmp_path: Path, small_gguf: Path) -> dict[str, tuple[Path, str]]:
+    """One file per validation error of issue 4, with the message the CLI must give."""
+    import struct
+
+    from test_gguf_file import LLAMA_KVS, VT, kv, kv_str, kv_u32, pstr, raw_gguf
+
+    def put(name: str, data: bytes) -> Path:
+        p = tmp_path / name
+        p.write_bytes(data)
+        return p
+
+    def pad(b: bytes) -> bytes:
+        return b + bytes(-len(b) % 32)
+
+    good = small_gguf.read_bytes()
+    h = G.read_header(small_gguf)
+    end = h.data_offset + max(t.offset + t.nbytes for t in h.tensors)
+    v4 = bytearray(good)
+    v4[4:8] = struct.pack("<I", 4)
+    return {
+        "not GGUF": (put("junk.gguf", b"PK\x03\x04 a zip file"), "not a GGUF file (bad magic)"),
+        "unsupported version": (put("v4.gguf", bytes(v4)), "unsupported GGUF version 4"),
+        "truncated header": (put("cut.gguf", good[: h.tensor_info_start + 5]), "truncated GGUF header"),
+        "truncated data": (put("cutdata.gguf", good[: end - 1]), "truncated tensor data"),
+        "counts beyond the file size": (put("counts.gguf", raw_gguf([], n_kv=2**40)), "corrupt counts"),
+        "string length beyond the file": (put("len.gguf", raw_gguf([kv("k", VT.STRING, struct.pack("<Q", 2**62))])),
+                                          "beyond the end of the file"),
+        "wrong value type": (put("type.gguf", pad(raw_gguf([kv_str("general.architecture", "llama"),
+                                                            kv("llama.context_length", VT.FLOAT32, struct.pack("<f", 1))]))),
+                             "key 'llama.context_length' has type FLOAT32, expected UINT32"),
+        "unknown value type": (put("vt.gguf", raw_gguf([kv("k", 77, bytes(8))])), "unknown value type 77"),
+        "invalid UTF-8 key": (put("utf8k.gguf", raw_gguf([kv(b"\xff\xfe", VT.UINT32, bytes(4))])), "not valid UTF-8"),
+        "invalid UTF-8 value": (put("utf8v.gguf", raw_gguf([kv_str("general.architecture", b"lla\xc3")])), "not valid UTF-8"),
+        "invalid UTF-8 in a token": (put("utf8t.gguf", raw_gguf(LLAMA_KVS + [kv("tokenizer.ggml.tokens", VT.ARRAY,
+                                                                              struct.pack("<IQ", VT.STRING, 2) + pstr("a") + pstr(b"\x80"))])),
+                                     "array 'tokenizer.ggml.tokens'[1] is not valid UTF-8"),
+        "duplicate key": (put("dup.gguf", raw_gguf([kv_u32("k", 1), kv_u32("k", 2)])), "duplicate key 'k'"),
+    }
+
+
+_BAD = ["not GGUF", "unsupported version", "truncated header", "truncated data", "counts beyond the file size",
+        "string length beyond the file", "wrong value type", "unknown value type", "invalid UTF-8 key",
+        "invalid UTF-8 value", "invalid UTF-8 in a token", "duplicate key"]
+
+
+# reset only removes ggufrope keys: a wrongly typed key of another kind is not its business
+@pytest.mark.parametrize("cmd, case", [(c, b) for c in ("show", "set", "set-in-place", "reset") for b in _BAD
+                                       if (c, b) != ("reset", "wrong value type")])
+def test_bad_files_are_one_line_exit_2(small_gguf, tmp_path, case, cmd) -> None:
+    path, msg = _bad_files(tmp_path, small_gguf)[case]
+    before = path.read_bytes()
+    out = tmp_path / "out.gguf"
+    args = {"show": ["show", path], "set": ["set", path, "-m", "mixed", "--logn", "-o", out],
+            "set-in-place": ["set", path, "-m", "ntk", "--in-place"], "reset": ["reset", path, "-o", out]}[cmd]
+    r = run(*args)
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"ggufrope: error: {path}: ")
+    assert msg in r.stderr
+    assert path.read_bytes() == before and not out.exists()
+    assert not [f for f in os.listdir(tmp_path) if "ggufrope-tmp" in f]
+
+
+def _unprivileged() -> list[str] | None:
+    """A prefix that runs a command without the power to ignore file permissions: nothing
+    for a normal user; for root, setpriv dropping CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv"):
+        return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+    return None
+
+
+def test_no_permission_is_one_line_exit_2(small_gguf, tmp_path) -> None:
+    """For real (as root: without the capabilities that bypass file modes): an unreadable
+    model, an in-place rewrite of a read-only model, an output directory without write
+    permission."""
+    prefix = _unprivileged()
+    if prefix is None:
+        pytest.skip("root without setpriv: file permissions cannot be enforced")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    unreadable = tmp_path / "secret.gguf"
+    unreadable.write_bytes(small_gguf.read_bytes())
+    os.chmod(unreadable, 0o000)
+    readonly = tmp_path / "ro.gguf"
+    readonly.write_bytes(small_gguf.read_bytes())
+    os.chmod(readonly, 0o444)
+    rodir = tmp_path / "rodir"
+    rodir.mkdir()
+    os.chmod(rodir, 0o555)
+    try:
+        for args, msg in [
+            (["show", unreadable], f"cannot read {unreadable}: Permission denied"),
+            (["set", unreadable, "-m", "ntk", "-o", tmp_path / "o.gguf"], f"cannot open {unreadable}: Permission denied"),
+            (["set", readonly, "-m", "ntk", "--in-place"], f"no permission to write {readonly}"),
+            (["reset", readonly, "--in-place"], f"no permission to write {readonly}"),
+            (["set", small_gguf, "-m", "ntk", "-o", rodir / "o.gguf"], f"cannot create a file in {rodir}: Permission denied"),
+        ]:
+            p = subprocess.run(prefix + [sys.executable, "-m", "ggufrope", *map(str, args)],
+                               capture_output=True, text=True, env=env, timeout=60)
+            assert p.returncode == 2 and p.stdout == "", (args, p.stderr)
+            assert p.stderr == f"ggufrope: error: {msg}\n", args
+    finally:
+        os.chmod(unreadable, 0o644)
+        os.chmod(rodir, 0o755)
+    assert readonly.read_bytes() == small_gguf.read_bytes() and os.listdir(rodir) == []

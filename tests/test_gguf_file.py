@@ -1384,3 +1384,85 @@ def test_copy_on_write_filesystem_shares_the_data_extents(tmp_path, fs) -> None:
         assert r.data_offset % 4096 != hs.data_offset % 4096 and shared(ctl)[0] == 0
     finally:
         _umount(mnt)
+
+
+# --------------------------------------------------------------------------- the real model
+
+
+def same_data(a: Path, b: Path) -> bool:
+    """Same tensor infos and data sections, byte for byte (chunked; no GGUFReader)."""
+    ha, hb = G.read_header(a), G.read_header(b)
+    if ha.tensors != hb.tensors or ha.file_size - ha.data_offset != hb.file_size - hb.data_offset:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        fa.seek(ha.data_offset)
+        fb.seek(hb.data_offset)
+        while True:
+            x, y = fa.read(8 << 20), fb.read(8 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def gguf_py_reads(path: Path, want: dict) -> None:
+    """gguf-py's reader opens ``path`` and sees our tensors and the ``want`` fields."""
+    r = gguf.GGUFReader(str(path))
+    h = G.read_header(path)
+    assert r.data_offset == h.data_offset
+    assert [(t.name, int(t.tensor_type), t.data_offset - r.data_offset, t.n_bytes) for t in r.tensors] == [
+        (t.name, t.ggml_type, t.offset, t.nbytes) for t in h.tensors
+    ]
+    got = {k: r.fields[k].contents() for k in r.fields if ".ntk." in k or "logn" in k}
+    assert got == want
+
+
+@pytest.mark.real_model
+def test_every_rewrite_of_the_real_model_loads_in_the_patched_library(patched_lib, tmp_path) -> None:
+    """SmolLM2-135M (98 MB): after `set` (-o), after an in-place re-set (header only) and
+    after `reset`, the tensor data are byte-identical, gguf-py reads the file, and the
+    patched library loads it and reads the keys: with k = 1 (auto at n_ctx 64 < L) the
+    logits equal the original's bit for bit, with k = 4 they differ, after reset they are
+    the original's again (and the file is the original, byte for byte)."""
+    import llama_cpp
+
+    from ggufrope.models import default_model_path
+
+    src = default_model_path()
+
+    def run_model(path: Path) -> tuple[np.ndarray, dict]:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_batch=64, n_threads=1, n_threads_batch=1,
+                              logits_all=True, verbose=False)
+        try:
+            toks = llm.tokenize(b"The quick brown fox jumps over the lazy dog.", add_bos=True)
+            llm.eval(toks)
+            return np.array(llm.scores[: len(toks)]), {k: v for k, v in llm.metadata.items() if ".ntk." in k or "logn" in k}
+        finally:
+            llm.close()
+
+    base, meta = run_model(src)
+    assert meta == {}
+    out = tmp_path / "smollm2.gguf"
+    r = G.write_rope_metadata(src, out, method="ntk-mixed", logn=True)
+    assert not r.header_only and r.data_offset % 4096 == G.read_header(src).data_offset % 4096
+    assert same_data(src, out)
+    gguf_py_reads(out, {"llama.rope.ntk.method": "ntk-mixed", "llama.rope.ntk.exponent": 0.625,
+                        "llama.attention.logn_scaling": True})
+    logits, meta = run_model(out)
+    assert meta == {"llama.rope.ntk.method": "ntk-mixed", "llama.rope.ntk.exponent": "0.625000",
+                    "llama.attention.logn_scaling": "true"}
+    assert np.array_equal(logits, base)  # k = max(1, 64/8192) = 1 and p < L: plain RoPE exactly
+
+    r = G.write_rope_metadata(out, None, method="ntk-mixed", factor=4.0, exponent=0.5, logn=True)
+    assert r.header_only and r.data_bytes == 0
+    assert same_data(src, out)
+    gguf_py_reads(out, {"llama.rope.ntk.method": "ntk-mixed", "llama.rope.ntk.factor": 4.0,
+                        "llama.rope.ntk.exponent": 0.5, "llama.attention.logn_scaling": True})
+    logits, meta = run_model(out)
+    assert meta["llama.rope.ntk.factor"] == "4.000000" and meta["llama.rope.ntk.exponent"] == "0.500000"
+    assert np.abs(logits - base).max() > 1e-2  # the library applies the edited keys
+
+    G.reset_rope_metadata(out, None)
+    assert file_hash(out) == file_hash(src)  # so gguf-py reads it as it reads the original
+    logits, meta = run_model(out)
+    assert meta == {} and np.array_equal(logits, base)
