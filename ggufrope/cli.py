@@ -393,3 +393,232 @@ def chat_cmd(model: str, doc_file: str | None, system: str | None, n_predict: in
             click.echo(piece, nl=False)
         click.echo()
         messages.append({"role": "assistant", "content": "".join(answer)})
+
+
+# --- evaluation: perplexity, passkey retrieval, the comparison grid --------------------------
+
+
+@main.group("eval", cls=_Group, context_settings=_CONTEXT)
+def eval_group() -> None:
+    """Evaluate methods beyond the trained context L: perplexity on long documents, passkey
+    retrieval, and the side-by-side grid (see ggufrope/evaluate.py for the protocols).
+
+    \b
+    ggufrope eval ppl MODEL --n-ctx 16384 -m ntk-mixed --logn --text hamlet
+    ggufrope eval passkey MODEL --n-ctx 2048,16384 -m yarn --trials 20
+    ggufrope eval compare MODEL --n-ctx 16384,32768 --methods all --logn both --out results/
+
+    Methods are applied at load time (kv overrides, llama.cpp's own parameters for linear
+    and yarn); MODEL is never rewritten.
+    """
+
+
+def _eval_method_options(f: Any) -> Any:
+    opts = [
+        click.option("-m", "--method", default="none", show_default=True, metavar="METHOD",
+                     help="none, linear, yarn, ntk, ntk-fixed, ntk-mixed (alias mixed)."),
+        click.option("-k", "--factor", type=float, default=None, metavar="K",
+                     help="Factor k >= 1. Left out: max(1, n_ctx / L)."),
+        click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
+                     help="Exponent b of ntk-mixed."),
+        click.option("--logn/--no-logn", default=False, show_default=True, help="log-n query scaling beyond L."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _eval_engine_options(f: Any) -> Any:
+    opts = [
+        click.option("--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True,
+                     help="Tokens per llama_decode call (n_batch; n_ubatch is the same unless --ubatch)."),
+        click.option("--ubatch", "n_ubatch", type=click.IntRange(min=1), default=None, help="n_ubatch."),
+        click.option("-ngl", "--gpu-layers", "gpu_layers", type=int, default=0, show_default=True,
+                     help="Layers to offload to the GPU (-1: all)."),
+        click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)."),
+        click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _setting(method: str, factor: float | None, exponent: float, logn: bool) -> Any:
+    from .evaluate import Setting
+    from .methods import check_exponent, check_factor
+
+    try:
+        if factor is not None:
+            check_factor(factor)
+        check_exponent(exponent)
+    except ValueError as e:
+        raise GGUFRopeError(str(e)) from None
+    return Setting(method, factor, exponent, logn)
+
+
+def _fmt_ppl(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+@eval_group.command("ppl", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=None,
+              help="Window size n_ctx in tokens.  [default: 2 x L]")
+@_eval_method_options
+@click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
+              help="A UTF-8 file or a corpus document (repeatable). Default: every long corpus document.")
+@click.option("--max-windows", type=click.IntRange(min=1), default=None, help="At most this many windows per text.")
+@click.option("--score-from", type=click.IntRange(min=0), default=None,
+              help="First scored position of each window.  [default: n_ctx/2, as llama-perplexity]")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_eval_engine_options
+def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float, logn: bool,
+                 texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
+                 n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
+
+    Each window of n_ctx tokens is evaluated from an empty context in one pass (first token
+    BOS when the vocabulary adds one), and the tokens from --score-from on are scored
+    (llama-perplexity's protocol). "beyond L" counts the tokens predicted from positions >= L.
+    """
+    from . import evaluate as E
+
+    L = E.n_ctx_orig_of(model)
+    n_ctx = n_ctx or 2 * L
+    E.check_score_from(n_ctx, score_from)
+    st = _setting(method, factor, exponent, logn)
+    txts = E.resolve_texts(texts)
+    llm = E.load_model(model, st, n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                       threads=threads, verbose=verbose)
+    out: dict[str, Any] = {"model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "method": st.label(n_ctx, L),
+                           "score_from": n_ctx // 2 if score_from is None else score_from, "texts": {}}
+    allw = []
+    with E.Decoder(llm) as dec:
+        for t in txts:
+            ws = E.perplexity(dec, dec.tokenize(t.text), n_ctx, L, score_from=score_from, max_windows=max_windows,
+                              progress=not as_json, desc=t.name)
+            allw += ws
+            s = E.summarize_windows(ws)
+            out["texts"][t.name] = s
+            if not as_json:
+                click.echo(f"{t.name:16s} windows {s['n_windows']:3d}  ppl {_fmt_ppl(s['ppl'])} "
+                           f"({s['count']} tokens)  beyond L: {_fmt_ppl(s['ppl_beyond'])} ({s['count_beyond']} tokens)")
+    out["all"] = E.summarize_windows(allw)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        s = out["all"]
+        click.echo(f"{st.label(n_ctx, L)} @ n_ctx {n_ctx} (L = {L}): ppl {_fmt_ppl(s['ppl'])} over {s['count']} tokens; "
+                   f"beyond L {_fmt_ppl(s['ppl_beyond'])} over {s['count_beyond']} tokens")
+
+
+@eval_group.command("passkey", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
+              help="Context lengths (the prompt fills n_ctx less --n-gen tokens).  [default: 2 x L]")
+@_eval_method_options
+@click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="Trials per context.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the keys and depths.")
+@click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True,
+              help="Depths of the key line, cycled over the trials, or 'random' (uniform, reported by nearest quarter).")
+@click.option("--n-gen", type=click.IntRange(min=6), default=10, show_default=True, help="Tokens decoded greedily.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_eval_engine_options
+def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float, logn: bool,
+                     trials: int, seed: int, depths: str, n_gen: int, as_json: bool, n_batch: int,
+                     n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
+    context length and depth of the key. A random 5-digit key per trial; greedy answer."""
+    from . import evaluate as E
+
+    L = E.n_ctx_orig_of(model)
+    ctxs = E.parse_ints(n_ctxs) if n_ctxs else [2 * L]
+    ds = E.parse_depths(depths)
+    st = _setting(method, factor, exponent, logn)
+    out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
+    for c in ctxs:
+        llm = E.load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                           threads=threads, verbose=verbose)
+        with E.Decoder(llm) as dec:
+            r = E.passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
+                          desc=f"passkey {c}")
+        del llm
+        out["results"][str(c)] = r
+        if not as_json:
+            by = "  ".join(f"d={d}: {100 * v['accuracy']:.0f}% ({v['trials']})" for d, v in r["by_depth"].items())
+            click.echo(f"{st.label(c, L)} @ {c}: {r['correct']}/{r['trials']} = {100 * r['accuracy']:.0f}%   {by}")
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+
+
+@eval_group.command("compare", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctxs", default="16384,32768", show_default=True, metavar="N[,N...]",
+              help="Contexts (columns of the table).")
+@click.option("--methods", default="all", show_default=True,
+              help="Comma-separated methods, or all (none, linear, yarn, ntk, ntk-fixed, ntk-mixed).")
+@click.option("--logn", "logn_spec", default="both", show_default=True, help="off, on or both.")
+@click.option("-k", "--factor", type=float, default=None, metavar="K", help="Factor k. Left out: max(1, n_ctx / L).")
+@click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
+              help="Exponent b of ntk-mixed.")
+@click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
+              help="Perplexity texts (repeatable). Default: every long corpus document.")
+@click.option("--no-ppl", is_flag=True, help="Skip perplexity (passkey only).")
+@click.option("--max-windows", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Windows per text and context.")
+@click.option("--score-from", type=click.IntRange(min=0), default=None, help="[default: n_ctx/2]")
+@click.option("--trials", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Passkey trials per cell (0: no passkey).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True, help="Passkey depths, or 'random'.")
+@click.option("-o", "--out", "out_dir", default="eval-results", show_default=True, metavar="DIR",
+              help="Where results.json, results.md and ppl.png go.")
+@click.option("--cache", "cache_dir", default=None, metavar="DIR", help="Result cache.  [default: DIR/cache]")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@_eval_engine_options
+def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, factor: float | None, exponent: float,
+                     texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
+                     seed: int, depths: str, out_dir: str, cache_dir: str | None, quiet: bool, n_batch: int,
+                     n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Run the grid contexts x methods x log-n, resumably, and write the report.
+
+    Every unit (model sha256, method, k, b, log-n, n_ctx, text or passkey trial set) is cached
+    as one JSON file, so an interrupted run resumes where it stopped and a finished one only
+    rewrites the report. Writes DIR/results.json, DIR/results.md (rows: methods without and
+    with log-n; columns: contexts; cells: perplexity beyond L / passkey accuracy) and DIR/ppl.png.
+    """
+    import shlex
+
+    from . import evaluate as E
+
+    ctxs = E.parse_ints(n_ctxs)
+    ms = E.parse_methods(methods)
+    lns = E.parse_logn(logn_spec)
+    ds = E.parse_depths(depths)
+    _setting("none", factor, exponent, False)
+    txts = [] if no_ppl else E.resolve_texts(texts)
+    if not txts and trials == 0:
+        raise GGUFRopeError("nothing to run: --no-ppl with --trials 0")
+    argv = ["ggufrope", "eval", "compare", model, "--n-ctx", ",".join(map(str, ctxs)), "--methods", ",".join(ms),
+            "--logn", logn_spec]
+    if factor is not None:
+        argv += ["-k", f"{factor:g}"]
+    argv += ["--b", f"{exponent:g}"]
+    if no_ppl:
+        argv += ["--no-ppl"]
+    else:
+        for t in texts:
+            argv += ["--text", t]
+        argv += ["--max-windows", str(max_windows)]
+        if score_from is not None:
+            argv += ["--score-from", str(score_from)]
+    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths, "--out", out_dir]
+    res, stats = E.run_compare(
+        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, factor=factor, exponent=exponent, texts=txts,
+        max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
+        cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
+        progress=not quiet, verbose=verbose, command=shlex.join(argv),
+    )
+    click.echo(E.markdown_table(res))
+    click.echo(f"units: {stats.computed} computed, {stats.cached} from the cache; "
+               f"wrote {os.path.join(out_dir, 'results.json')}, results.md, ppl.png")
