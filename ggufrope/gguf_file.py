@@ -14,19 +14,22 @@ writes a new file as
   ``os.sendfile``, then a buffered copy). Tensor offsets are relative to the data section,
   so the tensor-info records are reused unchanged.
 
-**The reserved key.** Every file written by :func:`write_rope_metadata` (``ggufrope
-set``) carries one extra key, :data:`KEY_RESERVED` (``ggufrope.reserved``), an array of
-zero ``UINT8`` placed last among the key/value pairs. Its length is chosen so that the
-header ends exactly where the data section starts and that the data section starts at the
-same offset modulo 4096 (or modulo ``general.alignment`` when larger) as in the source:
-copy-on-write filesystems (btrfs, XFS) can then share the data extents. It also keeps at
-least :data:`MIN_ROOM` bytes of room, so that a later ``set --in-place`` (new b, new k,
-log-n toggled) finds a header of exactly the old length and rewrites only the changed
-header bytes with a single ``pwrite`` (the header-only fast path), with no data copy.
-Stock llama.cpp ignores the key (unknown keys are only listed; arrays are not even put in
-its metadata map). :func:`reset_rope_metadata` removes it with the other ggufrope keys,
-so ``set`` followed by ``reset`` gives back the original file byte for byte (provided the
-original had no ggufrope keys).
+**The layout, and the reserved key.** A file written by :func:`write_rope_metadata`
+(``ggufrope set``) has its ggufrope keys first, right after the 24-byte fixed header, then
+one extra key, :data:`KEY_RESERVED` (``ggufrope.reserved``, an array of zero ``UINT8``),
+then the source's other records in their order. The reserved array's length is chosen so
+that the header ends exactly where the data section starts and that the data section
+starts at the same offset modulo 4096 (or modulo ``general.alignment`` when larger) as in
+the source: copy-on-write filesystems (btrfs, XFS) can then share the data extents (see
+:func:`_copy_data`). It also keeps at least :data:`MIN_ROOM` bytes of room, so that a
+later ``set --in-place`` (new b, new k, log-n toggled, another method) finds a header of
+exactly the old length; as the key count (offset 16), the ggufrope keys and the start of
+the room all lie in the first 4096 bytes, it rewrites only bytes of that page, with a
+single ``pwrite`` (the header-only fast path) and no data copy. Stock llama.cpp ignores
+the key (unknown keys are only listed; arrays are not even put in its metadata map).
+:func:`reset_rope_metadata` removes it with the other ggufrope keys and puts nothing in
+their place, so ``set`` followed by ``reset`` gives back the original file byte for byte
+(provided the original had no ggufrope keys).
 
 **Atomicity.** A new file is written to an unnamed ``O_TMPFILE`` inode in the destination
 directory (falling back to a named ``.NAME.ggufrope-tmp-XXXXXXXX`` file where the
@@ -38,7 +41,9 @@ exclusive ``flock`` until the rename, so the named file that SIGKILL can leave (
 or that window) is recognised as stale and removed by the next write to the same
 destination (:func:`sweep_stale_temp_files`). The source is never modified, except by
 the in-place header-only fast path, which rewrites only bytes inside the header (never
-tensor data) in one ``pwrite`` and fsyncs.
+tensor data) with one ``pwrite`` within one 4096-byte page, and fsyncs: the kernel checks
+for a fatal signal between the pages of a write, not inside one, so SIGKILL leaves the
+old header or the new one. A change that does not fit one page is written as a new file.
 
 **Errors.** Everything a hostile or broken file can cause is a
 :class:`~ggufrope.errors.GGUFRopeError` with a one-line message; counts and lengths are
@@ -135,7 +140,8 @@ __all__ = [
     "sweep_stale_temp_files",
 ]
 
-#: The padding key (see the module docstring): ARRAY of UINT8 zeros, always the last key.
+#: The padding key (see the module docstring): ARRAY of UINT8 zeros, right after the keys
+#: that ``set`` writes, which come first.
 KEY_RESERVED = "ggufrope.reserved"
 #: Minimum room (bytes of the reserved array) left by a full rewrite, so that any later
 #: ``set`` of the ggufrope keys fits into the same header length (they need < 300 bytes).
@@ -947,10 +953,34 @@ class _Plan:
 
 
 def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iterable[str], *, reserve: bool, keep_offset: bool) -> _Plan:
+    """The segments of the new header.
+
+    With ``reserve`` (``set``): the fixed header, the keys set (in ``set_``'s order), the
+    reserved key, then every other record of the source in its order, then the tensor
+    infos; the reserved array's length makes the header end where the data section starts.
+    The keys set and the room sit at the front, in the first page, next to the key count
+    at offset 16: an in-place re-set changes bytes of that page only (see
+    :func:`_rewrite_header_in_place`). Without ``reserve`` (``reset``): records keep their
+    places (a key set replaces its record, new keys are appended), padded to the alignment.
+    """
     e = h.endian
     drop = builtins.set(remove) | {KEY_RESERVED}
+    ti = (h.tensor_info_start, h.tensor_info_end)
+    if reserve:
+        front = [_pack_kv(e, name, vt, val) for name, (vt, val) in set_.items()]
+        rest = [(kv.start, kv.end) for kv in h.kvs if kv.key not in drop and kv.key not in set_]
+        fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, len(front) + 1 + len(rest))
+        base = len(fixed) + sum(map(len, front)) + sum(_seg_len(r) for r in rest) + _seg_len(ti)
+        over = _reserved_overhead(e)
+        if keep_offset and base + over <= h.data_offset:
+            end = h.data_offset
+        else:
+            mod = max(PAGE, h.alignment)
+            want = base + over + MIN_ROOM
+            end = want + (h.data_offset - want) % mod
+        n = end - base - over
+        return _Plan([fixed, *front, _pack_reserved(e, n), *rest, ti], end, n)
     records: list[Any] = []
-    count = 0
     done: set[str] = builtins.set()
     for kv in h.kvs:
         if kv.key in drop:
@@ -961,26 +991,11 @@ def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iter
             done.add(kv.key)
         else:
             records.append((kv.start, kv.end))
-        count += 1
-    for name, (vt, val) in set_.items():
-        if name not in done:
-            records.append(_pack_kv(e, name, vt, val))
-            count += 1
-    fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, count + reserve)
-    ti = (h.tensor_info_start, h.tensor_info_end)
+    records += [_pack_kv(e, name, vt, val) for name, (vt, val) in set_.items() if name not in done]
+    fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, len(records))
     base = len(fixed) + sum(_seg_len(r) for r in records) + _seg_len(ti)
-    if not reserve:
-        end = _align(base, h.alignment)
-        return _Plan([fixed, *records, ti, bytes(end - base)], end, None)
-    over = _reserved_overhead(e)
-    if keep_offset and base + over <= h.data_offset:
-        end = h.data_offset
-    else:
-        mod = max(PAGE, h.alignment)
-        want = base + over + MIN_ROOM
-        end = want + (h.data_offset - want) % mod
-    n = end - base - over
-    return _Plan([fixed, *records, _pack_reserved(e, n), ti], end, n)
+    end = _align(base, h.alignment)
+    return _Plan([fixed, *records, ti, bytes(end - base)], end, None)
 
 
 _CFR_FALLBACK = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EPERM}
@@ -1040,6 +1055,11 @@ def _copy_data(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int,
     ``dst_off`` congruent to ``src_off`` modulo ``block``: so the bytes up to the source's
     next block boundary are copied first (less than a block), and the rest starts aligned
     on both sides and can be cloned whole (its end is the end of the file)."""
+    if count > _CHUNK and hasattr(os, "posix_fadvise"):
+        try:  # as cp does: a larger readahead window for a cold source
+            os.posix_fadvise(src_fd, src_off, count, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
     head = min(count, -src_off % block)
     if head and (dst_off - src_off) % block == 0:
         _copy_range(src_fd, dst_fd, src_off, dst_off, head)
@@ -1315,7 +1335,9 @@ def _rewrite(
         removed = tuple(kv.key for kv in h.kvs if kv.key in gone and kv.key not in set_ and not (reserve and kv.key == KEY_RESERVED))
         if in_place and plan.header_len == h.data_offset:
             sweep_stale_temp_files(dst_p)
-            return replace(_rewrite_header_in_place(src_p, src_fd, h, plan), removed=removed)
+            fast = _rewrite_header_in_place(src_p, src_fd, h, plan)
+            if fast is not None:
+                return replace(fast, removed=removed)
         mode = (st.st_mode & 0o7777) if in_place else (st.st_mode & 0o777 & ~_umask())
         out = _AtomicFile(dst_p, mode)
         try:
@@ -1370,9 +1392,15 @@ def _diff_span(a: bytes, b: bytes) -> tuple[int, int] | None:
     return lo, hi
 
 
-def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> WriteResult:
+def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> WriteResult | None:
     """The fast path: the new header has exactly the old length; write the bytes that
-    differ (one span) with one pwrite, then fsync. Tensor data is never touched."""
+    differ (one span) with one pwrite, then fsync. Tensor data is never touched.
+
+    Only when that span lies within one 4096-byte page (returns None otherwise): the
+    kernel copies a write into the page cache page by page and a fatal signal can stop it
+    between pages, so only a one-page write is whole-or-nothing under SIGKILL (and a
+    single block for the disk). With the layout of :func:`_plan` a re-set of the ggufrope
+    keys changes bytes of the first page only, the key count included."""
     # The span to rewrite: everything but the leading segments copied from their own place.
     pos = 0
     lo = None
@@ -1408,6 +1436,8 @@ def _rewrite_header_in_place(path: str, src_fd: int, h: Header, plan: _Plan) -> 
         return WriteResult(path, True, h.data_offset, h.data_offset, 0, 0, plan.reserved)
     a, z = span
     buf, lo = buf[a:z], lo + a
+    if lo // PAGE != (lo + len(buf) - 1) // PAGE:
+        return None  # not within one page: the caller writes a new file instead
     try:
         fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
@@ -1463,14 +1493,15 @@ def set_keys(
 
     ``set`` maps key -> value or ``(GGUFValueType, value)`` (scalars and strings; a bare
     ``str``/``bool``/``float``/``int`` is stored as STRING/BOOL/FLOAT32/UINT32, INT64 when
-    outside uint32). An existing key keeps its position; new keys are appended. ``remove``
-    lists keys to drop (absent keys are ignored); keys both removed and set are moved to
-    the end. ``general.alignment``, ``general.architecture`` and :data:`KEY_RESERVED` cannot
-    be set or removed. With ``reserve`` the reserved key is written (see the module
-    docstring), without it any reserved key is removed.
+    outside uint32). ``remove`` lists keys to drop (absent keys are ignored).
+    ``general.alignment``, ``general.architecture`` and :data:`KEY_RESERVED` cannot be set or
+    removed. With ``reserve`` (default) the keys set come first, then the reserved key, then
+    the other records in their order (see the module docstring); without it any reserved
+    key is removed, a key set keeps its position and new keys are appended.
 
     ``dst`` None, or the same file as ``src``: in place — header-only rewrite when the new
-    header has the old length, else an atomic replacement of the whole file.
+    header has the old length and the change lies within one 4096-byte page, else an
+    atomic replacement of the whole file.
     """
     s = _normalise_set(set)
     rm = list(remove)

@@ -202,18 +202,21 @@ def test_set_layout_reserved_key_and_page_offset(small_gguf, tmp_path) -> None:
     out = tmp_path / "out.gguf"
     r = G.write_rope_metadata(small_gguf, out, method="mixed", logn=True)
     hs, hd = G.read_header(small_gguf), G.read_header(out)
-    assert hd.kvs[-1].key == G.KEY_RESERVED
-    assert hd.kvs[-1].value.elem_type == VT.UINT8
-    assert r.reserved == hd.kvs[-1].value.count >= G.MIN_ROOM
+    # the keys set, then the room, first; every other record after them, in its order
+    keys = [kv.key for kv in hd.kvs]
+    assert keys[:4] == [*(K.key(t, "llama") for t in (K.KEY_METHOD, K.KEY_EXPONENT, K.KEY_LOGN)), G.KEY_RESERVED]
+    assert keys[4:] == [kv.key for kv in hs.kvs]
+    assert hd.kvs[3].end - hd.kvs[3].value.count < 4096  # count, keys and the room's header: page 0
+    assert hd.kvs[3].value.elem_type == VT.UINT8
+    assert r.reserved == hd.kvs[3].value.count >= G.MIN_ROOM
     assert hd.header_end == hd.data_offset == r.data_offset  # no padding: the header fills it
     assert hd.data_offset % 4096 == hs.data_offset % 4096
     assert out.stat().st_size - hd.data_offset == small_gguf.stat().st_size - hs.data_offset
-    # untouched records are byte-identical copies, in the original order
+    # untouched records are byte-identical copies
     raw_s, raw_d = small_gguf.read_bytes(), out.read_bytes()
     recs_d = {kv.key: raw_d[kv.start : kv.end] for kv in hd.kvs}
     for kv in hs.kvs:
         assert recs_d[kv.key] == raw_s[kv.start : kv.end]
-    assert [kv.key for kv in hd.kvs][: len(hs.kvs)] == [kv.key for kv in hs.kvs]
     assert raw_d[hd.tensor_info_start : hd.tensor_info_end] == raw_s[hs.tensor_info_start : hs.tensor_info_end]
 
 
@@ -298,12 +301,18 @@ def test_in_place_first_set_is_atomic_full_rewrite(small_gguf) -> None:
     assert no_temp_files(small_gguf.parent)
 
 
-def test_in_place_re_set_rewrites_only_header_bytes(small_gguf, tmp_path) -> None:
+def test_in_place_re_set_rewrites_only_header_bytes(make_gguf, tmp_path, monkeypatch) -> None:
+    """Every re-set (b, k, log-n, method; keys added and removed, so the key count at
+    offset 16 changes too) is one write inside the first page; the data never move."""
+    src = make_gguf(vocab=3000)  # a header of several pages
     a = tmp_path / "a.gguf"
-    G.write_rope_metadata(small_gguf, a, method="mixed", logn=True)
+    G.write_rope_metadata(src, a, method="mixed", logn=True)
     h0 = G.read_header(a)
+    assert h0.data_offset > 3 * 4096
     raw0 = a.read_bytes()
     ino, size = a.stat().st_ino, a.stat().st_size
+    writes = []
+    real_pwrite = os.pwrite
     for method, k, b, ln in [
         ("mixed", None, 0.75, True),
         ("mixed", 16.0, 0.5, False),
@@ -312,13 +321,12 @@ def test_in_place_re_set_rewrites_only_header_bytes(small_gguf, tmp_path) -> Non
         ("ntk", None, None, True),
         ("mixed", 1.5, 0.625, True),
     ]:
-        n_keys = len(G.read_header(a).kvs)
-        r = G.write_rope_metadata(a, None, method=method, factor=k, exponent=b, logn=ln)
+        with monkeypatch.context() as mp:
+            mp.setattr(os, "pwrite", lambda fd, data, off: writes.append((off, len(data))) or real_pwrite(fd, data, off))
+            r = G.write_rope_metadata(a, None, method=method, factor=k, exponent=b, logn=ln)
         assert r.header_only and r.data_bytes == 0
-        if len(G.read_header(a).kvs) == n_keys:
-            assert 0 < r.header_bytes < 512  # only the changed records
-        else:  # the key count at offset 16 changed too: one span from there to the last key
-            assert r.header_bytes <= h0.tensor_info_start - 16
+        off, n = writes[-1]
+        assert n == r.header_bytes and 0 < n < 512 and 16 <= off and off + n <= 4096  # one write, in page 0
         assert a.stat().st_ino == ino and a.stat().st_size == size
         h = G.read_header(a)
         assert h.data_offset == h0.data_offset and h.tensors == h0.tensors
@@ -326,15 +334,51 @@ def test_in_place_re_set_rewrites_only_header_bytes(small_gguf, tmp_path) -> Non
         assert (m["factor"], m["exponent"], m["logn"]) == (k, b if method == "mixed" else None, ln)
         # a fresh -o write of the same state has the same keys and values
         fresh = tmp_path / "fresh.gguf"
-        G.write_rope_metadata(small_gguf, fresh, method=method, factor=k, exponent=b, logn=ln)
-        assert reader_fields(fresh).keys() == reader_fields(a).keys()
+        G.write_rope_metadata(src, fresh, method=method, factor=k, exponent=b, logn=ln)
         fa, ff = reader_fields(a), reader_fields(fresh)
+        assert fa.keys() == ff.keys()
         assert {k_: v for k_, v in fa.items() if k_ != G.KEY_RESERVED} == {
             k_: v for k_, v in ff.items() if k_ != G.KEY_RESERVED
         }
+    assert len(writes) == 6
     raw1 = a.read_bytes()
-    assert raw1[h0.data_offset :] == raw0[h0.data_offset :]  # data never touched
-    assert raw1[h0.tensor_info_start : h0.tensor_info_end] == raw0[h0.tensor_info_start : h0.tensor_info_end]
+    assert raw1[4096:] == raw0[4096:]  # nothing beyond the first page was written
+    assert_rewrite_ok(src, a)
+
+
+def test_in_place_change_beyond_one_page_writes_a_new_file(make_gguf) -> None:
+    """A change that does not fit in one page (here a key set in place that sat far into
+    the header: set moves the keys it writes to the front) is not written in place, where
+    SIGKILL could tear it, but as an atomic replacement."""
+    p = make_gguf(vocab=3000)
+    G.write_rope_metadata(p, p, method="ntk")  # room and front keys
+    h = G.read_header(p)
+    assert h.get("test.template").start > 4096
+    ino = p.stat().st_ino
+    r = G.set_keys(p, None, {"test.template": "{{ x }}"})
+    assert not r.header_only and p.stat().st_ino != ino
+    assert reader_fields(p)["test.template"] == (VT.STRING, "{{ x }}")
+    h2 = G.read_header(p)
+    assert h2.data_offset == h.data_offset and h2.tensors == h.tensors
+    assert [kv.key for kv in h2.kvs][:2] == ["test.template", G.KEY_RESERVED]
+    assert no_temp_files(p.parent)
+
+
+def test_files_of_the_earlier_layout_are_moved_to_the_new_one(small_gguf, tmp_path) -> None:
+    """A file whose ggufrope keys and room sit last (ggufrope before this layout) is
+    rewritten whole once by an in-place re-set, then re-set in place."""
+    a = tmp_path / "a.gguf"
+    G.write_rope_metadata(small_gguf, a, method="mixed", logn=True)
+    h = G.read_header(a)
+    raw = a.read_bytes()
+    # move the front records (3 keys + room) behind the others, as the earlier layout had it
+    front, rest = raw[24 : h.kvs[4].start], raw[h.kvs[4].start : h.tensor_info_start]
+    old = raw[:24] + rest + front + raw[h.tensor_info_start :]
+    a.write_bytes(old)
+    assert G.read_header(a).kvs[-1].key == G.KEY_RESERVED
+    r = G.write_rope_metadata(a, None, method="mixed", exponent=0.5, logn=True)
+    assert not r.header_only and G.read_header(a).kvs[3].key == G.KEY_RESERVED
+    assert G.write_rope_metadata(a, None, method="mixed", exponent=0.75, logn=True).header_only
     assert_rewrite_ok(small_gguf, a)
 
 
@@ -648,9 +692,12 @@ def test_set_keys_generic(small_gguf, tmp_path) -> None:
     assert f["x.bool"] == (VT.BOOL, False) and f["x.i64"] == (VT.INT64, -5)
     assert "test.flag" not in f
     h0, h1 = G.read_header(small_gguf), G.read_header(out)
-    keys0 = [kv.key for kv in h0.kvs if kv.key != "test.flag"]
-    assert [kv.key for kv in h1.kvs][: len(keys0)] == keys0  # replaced in place, order kept
+    front = ["test.template", "x.int", "x.float", "x.bool", "x.i64", G.KEY_RESERVED]
+    keys0 = [kv.key for kv in h0.kvs if kv.key not in ("test.flag", "test.template")]
+    assert [kv.key for kv in h1.kvs] == front + keys0  # the keys set first, the others in order
     assert_rewrite_ok(small_gguf, out)
+    G.set_keys(small_gguf, out, {"test.template": "new"}, reserve=False)  # without room: in its place
+    assert [kv.key for kv in G.read_header(out).kvs] == [kv.key for kv in h0.kvs]
 
 
 @pytest.mark.parametrize("key", ["general.alignment", "general.architecture", G.KEY_RESERVED])
