@@ -820,7 +820,7 @@ def markdown_table(res: dict[str, Any]) -> str:
     g = res["grid"]
     ctxs = g["n_ctx"]
     by = {(c["method"], c["logn"], c["n_ctx"]): c for c in res["cells"]}
-    head = ["method"] + [f"{c} ({c / L:g}×L)" for c in ctxs]
+    head = ["method"] + [f"{c} ({c / L:.3g}×L)" for c in ctxs]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ctxs)) + "|"]
     any_paren = False
     for m in g["methods"]:
@@ -881,7 +881,7 @@ def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
             if xs:
                 ax.plot(xs, ys, marker="o", linestyle="--" if ln else "-", color=colors[i % len(colors)],
                         label=m + (" + log n" if ln else ""))
-    ax.axvline(L, color="gray", linewidth=0.8, linestyle=":")
+    ax.axvline(L, color="gray", linewidth=0.8, linestyle=":", label=f"L = {L}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("context n_ctx (tokens)")
