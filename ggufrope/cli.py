@@ -282,10 +282,6 @@ def show_cmd(model: str, as_json: bool) -> None:
 # ``@main.command()``; GGUFRopeError raised by them is reported like the ones above.
 
 
-if __name__ == "__main__":  # python -m ggufrope.cli
-    main(prog_name="ggufrope")
-
-
 # --- running models: generate, chat -------------------------------------------------------
 
 _RUN_METHOD_HELP = (
@@ -622,3 +618,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
     click.echo(E.markdown_table(res))
     click.echo(f"units: {stats.computed} computed, {stats.cached} from the cache; "
                f"wrote {os.path.join(out_dir, 'results.json')}, results.md, ppl.png")
+
+
+if __name__ == "__main__":  # python -m ggufrope.cli
+    main(prog_name="ggufrope")
