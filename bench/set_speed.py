@@ -8,7 +8,10 @@ vocabulary and 48,900 merges as in SmolLM2, Q8_0 weights of random bytes; header
 gguf-py's GGUFWriter, data streamed in 16 MiB chunks), then measures, in this one run and
 on that same file:
 
-* ``cp SRC DST``, ``cp SRC DST && sync DST`` (cp plus the fsync that ggufrope does),
+* ``cp SRC DST``, ``cp SRC DST && sync DST`` (cp plus the fsync that ggufrope does;
+  gguf_new_metadata.py likewise with and without a final ``sync``), and, as a diagnostic
+  only, the library call with ``os.fsync`` stubbed out (what the copy costs without the
+  durability that the atomic rename needs),
   ``ggufrope set SRC -m mixed --logn -o DST`` (the CLI, end to end), the library call
   ``write_rope_metadata`` (timed inside its process), and gguf-py's
   ``gguf_new_metadata.py SRC DST --general-description ...``: wall time and peak RSS
@@ -211,9 +214,12 @@ def run(cmd: list[str], *, env: dict | None = None, check: bool = True) -> dict:
     return {"wall": wall, "rss_mb": rss_kb / 1024, "rc": p.returncode, "out": o, "err": e}
 
 
+TREE = REPO  # the ggufrope sources measured (--tree)
+
+
 def env() -> dict:
     e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO) + os.pathsep + e.get("PYTHONPATH", "")
+    e["PYTHONPATH"] = str(TREE) + os.pathsep + e.get("PYTHONPATH", "")
     return e
 
 
@@ -225,6 +231,15 @@ t1 = time.perf_counter()
 r = write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
 t2 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "call": t2 - t1, "data_bytes": r.data_bytes}))
+"""
+
+LIB_SET_NOFSYNC = r"""
+import json, os, sys, time
+from ggufrope import gguf_file as G
+G.os.fsync = lambda fd: None  # diagnostic only: what the copy costs without the durability
+t = time.perf_counter()
+r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
+print(json.dumps({"import": 0, "call": time.perf_counter() - t, "data_bytes": r.data_bytes}))
 """
 
 LIB_INPLACE = r"""
@@ -261,6 +276,7 @@ def tools(src: str, dst: str) -> dict[str, list[str]]:
         "cp+fsync": ["sh", "-c", 'cp -- "$0" "$1" && sync -- "$1"', src, dst],
         "ggufrope set (CLI)": [str(BIN / "ggufrope"), "set", src, "-m", "mixed", "--logn", "-o", dst],
         "ggufrope set (library)": [PY, "-c", LIB_SET, src, dst],
+        "set, no fsync (diagnostic)": [PY, "-c", LIB_SET_NOFSYNC, src, dst],
     }
     nm = new_metadata_cmd()
     if nm:
@@ -284,7 +300,7 @@ def measure_tools(src: str, dst: str, reps: int, drop: str, skip: set[str] = fro
                 os.unlink(dst)
             settle(src, drop)
             m = run(ts[name], env=env())
-            if name == "ggufrope set (library)":
+            if name in ("ggufrope set (library)", "set, no fsync (diagnostic)"):
                 m["lib"] = json.loads(m["out"].strip().splitlines()[-1])
             res[name].append(m)
             print(f"  rep {r + 1}/{reps}  {name:<24} {m['wall']:8.3f} s  {m['rss_mb']:7.1f} MB", flush=True)
@@ -494,9 +510,13 @@ def main() -> None:
     ap.add_argument("--skip", action="append", default=[], help="a tool to leave out (repeatable)")
     ap.add_argument("--keep", action="store_true", help="keep the large files")
     ap.add_argument("--json", default=None, help="write all measurements to this file")
+    ap.add_argument("--tree", default=str(REPO), help="measure the ggufrope package found in this directory "
+                    "(put first on PYTHONPATH; default: this checkout)")
     ap.add_argument("--write-only", nargs=2, metavar=("PATH", "GIB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
 
+    global TREE
+    TREE = Path(a.tree).resolve()
     if a.write_only:
         print(json.dumps(write_big_gguf(a.write_only[0], int(float(a.write_only[1]) * GIB))))
         return
@@ -511,6 +531,7 @@ def main() -> None:
     report: dict = {"machine": info, "cache": drop, "reps": a.reps}
     print(f"machine: {info['cores']} cores ({info['cpu']}), {info['mem_gb']} GiB RAM, kernel {info['kernel']}, "
           f"{info['filesystem']} on {info['device']} (rotational={info['rotational']}), Python {info['python']}, {info['cp']}")
+    print(f"ggufrope measured: {TREE}/ggufrope")
     print(f"peak RSS: {'GNU time %M' if GNU_TIME else 'wait4 ru_maxrss (an overestimate: install GNU time)'}")
     print("page cache before every run: sync, then " + {
         "file": "the source file's pages evicted (posix_fadvise DONTNEED): every copy reads it from disk",
@@ -581,6 +602,11 @@ def main() -> None:
         lines.append(("gguf_new_metadata.py time / set time (library)", nm_t / lib_t, ""))
         if "gguf_new_metadata.py+fsync" in g:
             lines.append(("(gguf_new_metadata.py + fsync) / set time (CLI)", g["gguf_new_metadata.py+fsync"]["time"] / set_t, ""))
+    if "set, no fsync (diagnostic)" in g:
+        nf = g["set, no fsync (diagnostic)"]["call"]
+        lines.append(("diagnostic: set library call without its fsync / cp", cp_t / nf, ""))
+        if nm_t:
+            lines.append(("diagnostic: gguf_new_metadata.py / set without its fsync", nm_t / nf, ""))
     for what, v, acc in lines:
         ok = "" if not acc else ("  PASS" if v >= float(acc.split()[-1]) else "  FAIL")
         print(f"  {what:<58} {v:8.2f}   {acc}{ok}")

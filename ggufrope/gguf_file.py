@@ -57,7 +57,6 @@ import errno
 import math
 import numbers
 import os
-import secrets
 import stat
 import struct
 import sys
@@ -477,13 +476,17 @@ class _Stream:
             buf, pos = self.buf, self.pos
             blen = len(buf)
             start, first = pos, i
-            while i < count and pos + 8 <= blen:
-                (n,) = unpack(buf, pos)
+            for i in range(first, count):  # the hot loop of a header: keep it lean
+                try:
+                    (n,) = unpack(buf, pos)
+                except struct.error:  # the length prefix crosses the buffer's end
+                    break
                 end = pos + 8 + n
                 if end > blen or n & 0x8080808080808080:
                     break
                 pos = end
-                i += 1
+            else:
+                i = count
             if pos > start:
                 run = buf[start:pos]
                 if not (run.isascii() or _utf8_ok(run)):
@@ -1114,7 +1117,7 @@ def _tmpfile_works(d: str) -> bool:
         except OSError:
             fd = -1
         if fd >= 0:
-            name = os.path.join(d, f".ggufrope-probe-{secrets.token_hex(6)}")
+            name = os.path.join(d, f".ggufrope-probe-{os.urandom(6).hex()}")
             try:
                 _link_fd(fd, name)
                 os.unlink(name)
@@ -1131,7 +1134,7 @@ _TMP_MARK = ".ggufrope-tmp-"
 
 
 def _tmp_name(d: str, dst: str) -> str:
-    return os.path.join(d, f".{os.path.basename(dst)}{_TMP_MARK}{secrets.token_hex(4)}")
+    return os.path.join(d, f".{os.path.basename(dst)}{_TMP_MARK}{os.urandom(4).hex()}")
 
 
 def _lock(fd: int) -> bool | None:
