@@ -20,7 +20,7 @@ L (``n_ctx_orig``) is ``{arch}.rope.scaling.original_context_length`` when prese
 
 from __future__ import annotations
 
-from gguf import GGUFValueType
+from .gguf_constants import GGUFValueType
 
 KEY_METHOD = "{arch}.rope.ntk.method"
 KEY_FACTOR = "{arch}.rope.ntk.factor"

@@ -36,7 +36,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DEFAULT_EXPONENT = 0.625  #: seed 000's empirical b for NTK-RoPE-mixed
 
@@ -92,7 +96,7 @@ def canonical(name: str) -> str:
 def check_factor(factor: float) -> float:
     """Return ``factor`` as float; ``ValueError`` unless it is finite and >= 1."""
     k = float(factor)
-    if not np.isfinite(k) or k < 1.0:
+    if not math.isfinite(k) or k < 1.0:
         raise ValueError(f"factor k must be finite and >= 1, got {factor!r}")
     return k
 
@@ -100,7 +104,7 @@ def check_factor(factor: float) -> float:
 def check_exponent(exponent: float) -> float:
     """Return ``exponent`` as float; ``ValueError`` unless 0 < b <= 1 (seed 000 appendix)."""
     b = float(exponent)
-    if not np.isfinite(b) or not (0.0 < b <= 1.0):
+    if not math.isfinite(b) or not (0.0 < b <= 1.0):
         raise ValueError(f"exponent b must be in (0, 1], got {exponent!r}")
     return b
 
@@ -119,6 +123,8 @@ def freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFA
     ``n_dims`` must be even and >= 4 (``ntk`` divides by d-2). Raises ``ValueError`` for
     ``yarn`` (not a divisor table), an unknown method, k < 1, or b outside (0, 1].
     """
+    import numpy as np
+
     m = canonical(method)
     if n_dims < 4 or n_dims % 2:
         raise ValueError(f"n_dims must be even and >= 4, got {n_dims}")
@@ -142,6 +148,8 @@ def freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFA
 
 def inv_freq(n_dims: int, freq_base: float, factors: np.ndarray | None = None) -> np.ndarray:
     """θ_i / p = β^(-2i/d) / ff_i in radians per token, shape ``(n_dims // 2,)``, float64."""
+    import numpy as np
+
     i = np.arange(n_dims // 2, dtype=np.float64)
     w = float(freq_base) ** (-2.0 * i / n_dims)
     if factors is not None:
@@ -154,6 +162,8 @@ def logn_scale(pos, n_ctx_orig: int) -> np.ndarray:
 
     Same shape as ``pos``, float64; 1 for every p < L, > 1 beyond L.
     """
+    import numpy as np
+
     if n_ctx_orig <= 1:
         raise ValueError(f"log-n needs n_ctx_orig > 1, got {n_ctx_orig}")
     p = np.asarray(pos, dtype=np.float64)
@@ -178,6 +188,8 @@ def rope_reference(
     through. With log-n, every channel of the token at position p is then multiplied by
     s(p) (:func:`logn_scale`). Returns a new float64 array of the shape of ``x``.
     """
+    import numpy as np
+
     x = np.asarray(x, dtype=np.float64)
     pos = np.asarray(pos, dtype=np.float64)
     if x.ndim != 3 or pos.shape != (x.shape[0],):
