@@ -51,6 +51,7 @@ import numpy as np
 
 from .errors import GGUFRopeError
 from .methods import DEFAULT_EXPONENT, auto_factor, canonical
+from .runtime import RopeChoice
 
 #: bump when a change to this module changes what a cached result means
 EVAL_VERSION = 1
@@ -104,20 +105,9 @@ def passkey_text(key: int, n_sentences: int, depth: float) -> str:
 # --- model and low-level decoding -------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """A method as the evaluation applies it: ``factor`` None means k = max(1, n_ctx / L)."""
-
-    method: str = "none"
-    factor: float | None = None
-    exponent: float = DEFAULT_EXPONENT
-    logn: bool = False
-
-    def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "method", canonical(self.method))
-        except ValueError as e:
-            raise GGUFRopeError(str(e)) from None
+class Setting(RopeChoice):
+    """A method as the evaluation applies it: :class:`ggufrope.runtime.RopeChoice` (same fields
+    and checks; ``factor`` None means k = max(1, n_ctx / L)) with k resolved per context."""
 
     def resolved_factor(self, n_ctx: int, n_ctx_orig: int) -> float | None:
         """k as applied at ``n_ctx`` (None for ``none``, which has no k)."""
@@ -125,7 +115,7 @@ class Setting:
             return None
         return float(self.factor) if self.factor is not None else auto_factor(n_ctx, n_ctx_orig)
 
-    def label(self, n_ctx: int | None = None, n_ctx_orig: int | None = None) -> str:
+    def label(self, n_ctx: int | None = None, n_ctx_orig: int | None = None) -> str:  # type: ignore[override]
         s = self.method + (f" (b={self.exponent:g})" if self.method == "ntk-mixed" else "")
         if n_ctx is not None and n_ctx_orig is not None and self.method != "none":
             s += f" k={self.resolved_factor(n_ctx, n_ctx_orig):g}"
