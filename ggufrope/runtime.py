@@ -144,6 +144,17 @@ def llama_kwargs(choice: RopeChoice, arch: str, n_ctx: int, n_ctx_orig: int) -> 
     return out
 
 
+def _resolve(meta: dict[str, Any], method: str | None, factor: float | None, exponent: float,
+             logn: bool | None) -> RopeChoice | None:
+    """The choice :func:`load` applies: None when the file's own keys decide (no method and no
+    log-n given); only log-n given keeps the file's method, k and b."""
+    if method is None and logn is None:
+        return None
+    if method is None:
+        return RopeChoice(meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, bool(logn))
+    return RopeChoice(method, factor, exponent, bool(logn) if logn is not None else False)
+
+
 def describe(
     model_path: str | os.PathLike,
     *,
@@ -159,13 +170,11 @@ def describe(
 
     meta = read_rope_metadata(model_path)
     L = meta["n_ctx_orig"]
-    if method is None and logn is None:
+    choice = _resolve(meta, method, factor, exponent, logn)
+    if choice is None:
         m, k, b, ln, src = meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, meta["logn"], "from the file"
     else:
-        m = canonical(method) if method is not None else (meta["method"] or "none")
-        k, b = (factor, exponent) if method is not None else (meta["factor"], meta["exponent"] or DEFAULT_EXPONENT)
-        ln = bool(logn) if logn is not None else (False if method is not None else meta["logn"])
-        src = "chosen at load time"
+        m, k, b, ln, src = choice.method, choice.factor, choice.exponent, choice.logn, "chosen at load time"
     parts = [m]
     if m == "ntk-mixed":
         parts.append(f"b = {b:g}")
@@ -205,16 +214,12 @@ def load(
 
     meta = read_rope_metadata(model_path)
     arch, L = meta["architecture"], meta["n_ctx_orig"]
-    if method is None and logn is None:
-        choice = None
+    choice = _resolve(meta, method, factor, exponent, logn)
+    if choice is None:
         if meta["method"] not in (None, "none") or meta["logn"]:
             require_patched(f"{os.fspath(model_path)}: its ggufrope metadata ({meta['description']})")
         params: dict[str, Any] = {}
     else:
-        if method is None:  # only log-n given: keep the file's method
-            choice = RopeChoice(meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, bool(logn))
-        else:
-            choice = RopeChoice(method, factor, exponent, bool(logn) if logn is not None else False)
         if L is None:
             raise GGUFRopeError(f"{os.fspath(model_path)}: no context length (L) in the file")
         if choice.needs_patch() or meta["ggufrope_keys"]:
