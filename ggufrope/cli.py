@@ -290,6 +290,15 @@ _RUN_METHOD_HELP = (
 )
 
 
+#: device options of every command that loads a model (run and eval)
+_DEVICE_OPTIONS = [
+    click.option("-ngl", "--gpu-layers", "gpu_layers", type=int, default=0, show_default=True,
+                 help="Layers to offload to the GPU (-1: all)."),
+    click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)."),
+    click.option("--verbose", is_flag=True, help="Show llama.cpp's log (it names the active rope method)."),
+]
+
+
 def _run_options(f: Any) -> Any:
     """Options shared by the commands that load a model (method, context, device)."""
     opts = [
@@ -301,11 +310,7 @@ def _run_options(f: Any) -> Any:
         click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
                      help="Exponent b of ntk-mixed."),
         click.option("--logn/--no-logn", default=None, help="log-n query scaling beyond L (default: MODEL's metadata)."),
-        click.option("-ngl", "--gpu-layers", "gpu_layers", type=int, default=0, show_default=True,
-                     help="Layers to offload to the GPU (-1: all)."),
-        click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)."),
-        click.option("--verbose", is_flag=True, help="Show llama.cpp's log (it names the active rope method)."),
-    ]
+    ] + _DEVICE_OPTIONS
     for o in reversed(opts):
         f = o(f)
     return f
@@ -429,11 +434,7 @@ def _eval_engine_options(f: Any) -> Any:
         click.option("--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True,
                      help="Tokens per llama_decode call (n_batch; n_ubatch is the same unless --ubatch)."),
         click.option("--ubatch", "n_ubatch", type=click.IntRange(min=1), default=None, help="n_ubatch."),
-        click.option("-ngl", "--gpu-layers", "gpu_layers", type=int, default=0, show_default=True,
-                     help="Layers to offload to the GPU (-1: all)."),
-        click.option("-t", "--threads", type=int, default=None, help="CPU threads (default: all cores)."),
-        click.option("--verbose", is_flag=True, help="Show llama.cpp's log."),
-    ]
+    ] + _DEVICE_OPTIONS
     for o in reversed(opts):
         f = o(f)
     return f

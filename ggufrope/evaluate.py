@@ -42,7 +42,6 @@ import pathlib
 import platform
 import random
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -509,20 +508,12 @@ def resolve_texts(names: Sequence[str] | None) -> list[Text]:
 
 
 def _atomic_json(path: pathlib.Path, obj: Any) -> None:
+    from .models import atomic_open
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o644)
-            json.dump(obj, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
 
 
 def model_fingerprint(model: str | os.PathLike, cache_dir: pathlib.Path) -> dict[str, Any]:

