@@ -571,11 +571,13 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 @click.option("-o", "--out", "out_dir", default="eval-results", show_default=True, metavar="DIR",
               help="Where results.json, results.md and ppl.png go.")
 @click.option("--cache", "cache_dir", default=None, metavar="DIR", help="Result cache.  [default: DIR/cache]")
+@click.option("--report-only", is_flag=True,
+              help="Compute nothing: write the report from the cached units; cells not cached show as not run.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, factor: float | None, exponent: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
-                     seed: int, depths: str, out_dir: str, cache_dir: str | None, quiet: bool, n_batch: int,
+                     seed: int, depths: str, out_dir: str, cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Run the grid contexts x methods x log-n, resumably, and write the report.
 
@@ -609,15 +611,16 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
         argv += ["--max-windows", str(max_windows)]
         if score_from is not None:
             argv += ["--score-from", str(score_from)]
-    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths, "--out", out_dir]
+    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths]
+    argv += ["--out", out_dir]
     res, stats = E.run_compare(
         model, n_ctxs=ctxs, methods=ms, logn_modes=lns, factor=factor, exponent=exponent, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
-        progress=not quiet, verbose=verbose, command=shlex.join(argv),
+        report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),
     )
     click.echo(E.markdown_table(res))
-    click.echo(f"units: {stats.computed} computed, {stats.cached} from the cache; "
+    click.echo(f"units: {stats.computed} computed, {stats.cached} from the cache, {stats.missing} not run; "
                f"wrote {os.path.join(out_dir, 'results.json')}, results.md, ppl.png")
 
 

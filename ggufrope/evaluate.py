@@ -616,6 +616,7 @@ def parse_logn(spec: str) -> list[bool]:
 class GridStats:
     computed: int = 0
     cached: int = 0
+    missing: int = 0  #: units neither cached nor computed (report_only)
     models_loaded: int = 0
 
 
@@ -667,13 +668,17 @@ def run_compare(
     n_ubatch: int | None = None,
     gpu_layers: int = 0,
     threads: int | None = None,
+    report_only: bool = False,
     progress: bool = True,
     verbose: bool = False,
     command: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], GridStats]:
     """Run (or read from the cache) every unit of the grid; write ``results.json``,
-    ``results.md`` and ``ppl.png`` into ``out_dir``. Returns (results, stats)."""
+    ``results.md`` and ``ppl.png`` into ``out_dir``. Returns (results, stats).
+
+    ``report_only``: compute nothing, build the report from
+    the units already cached; a cell whose units are missing is reported as not run (None)."""
     from tqdm import tqdm
 
     for c in n_ctxs:
@@ -716,6 +721,11 @@ def run_compare(
             label = f"{st.label()} @ {c}" + (f" {text.name}" if text else " passkey")
             bar.set_description(f"compare: {label}")
             r = cache.get(key)
+            if r is None and report_only:
+                stats.missing += 1
+                say(f"missing  {label}")
+                bar.update(1)
+                continue
             if r is None:
                 if llm_key != (st, c):
                     if dec is not None:
@@ -750,7 +760,9 @@ def run_compare(
     cells = []
     for c, m, ln in configs:
         st = Setting(m, factor, exponent, ln)
-        docs = {t.name: results[(m, ln, c, "ppl", t.name)] for t in texts}
+        docs = {t.name: results.get((m, ln, c, "ppl", t.name)) for t in texts}
+        if None in docs.values():  # report_only and some text not run: no partial pooled value
+            docs = {}
         pooled = summarize_windows(w for d in docs.values() for w in d["windows"]) if docs else None
         pk = results.get((m, ln, c, "passkey", None))
         cells.append({
@@ -776,7 +788,7 @@ def run_compare(
         "machine": machine_info(),
         "wall_s_this_run": time.perf_counter() - t_start,
         "wall_s_all_units": sum(r.get("wall_s", 0.0) for r in results.values()),
-        "units": {"computed": stats.computed, "cached": stats.cached},
+        "units": {"computed": stats.computed, "cached": stats.cached, "missing": stats.missing},
     }
     _atomic_json(out / "results.json", res)
     (out / "results.md").write_text(markdown_table(res), encoding="utf-8")

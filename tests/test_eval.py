@@ -288,6 +288,19 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
     assert "units: 1 computed, 3 from the cache" in r3.output
     assert json.loads((out / "results.json").read_text())["cells"] == res["cells"]  # deterministic
 
+    # --report-only over a larger grid: computes nothing, reports what is cached, the rest as not run
+    n_files = len(list((out / "cache").glob("*.json")))
+    wide = [a if a != "none,ntk-mixed" else "none,yarn,ntk-mixed" for a in args] + ["--report-only"]
+    r4 = runner.invoke(main, wide)
+    assert r4.exit_code == 0, r4.output
+    assert "units: 0 computed, 4 from the cache, 2 not run" in r4.output
+    assert len(list((out / "cache").glob("*.json"))) == n_files
+    res4 = json.loads((out / "results.json").read_text())
+    by = {c["method"]: c for c in res4["cells"]}
+    assert by["yarn"]["ppl"] is None and by["yarn"]["passkey_accuracy"] is None
+    assert [by["none"], by["ntk-mixed"]] == res["cells"]
+    assert "| YaRN | – / – |" in (out / "results.md").read_text()
+
 
 def test_eval_cli_errors_are_one_line(smollm2):
     from click.testing import CliRunner
