@@ -611,8 +611,11 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
         argv += ["--max-windows", str(max_windows)]
         if score_from is not None:
             argv += ["--score-from", str(score_from)]
-    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths]
-    argv += ["--out", out_dir]
+    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths, "--out", out_dir]
+    if cache_dir is not None:
+        argv += ["--cache", cache_dir]
+    if report_only:
+        argv += ["--report-only"]
     res, stats = E.run_compare(
         model, n_ctxs=ctxs, methods=ms, logn_modes=lns, factor=factor, exponent=exponent, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
