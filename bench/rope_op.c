@@ -3,6 +3,10 @@
 // Built twice by bench/rope_op.sh: against the unpatched ggml (bench/build-stock.sh) and against
 // the patched one with -DGGUFROPE (which adds the NTK table and log-n variants). Prints one line per
 // case: "<variant> head_dim=<d> n_tokens=<t> <microseconds per op, median of 7 batches>".
+//
+// Count mode, for instruction counts under valgrind (bench/rope_op_callgrind.sh):
+//     rope_op <threads> <head_dim> <n_tokens> <variant 0|1|2> <n_ops>
+// builds that one case and computes the node n_ops times (no timing, no warm-up).
 
 #include "ggml.h"
 #include "ggml-cpu.h"
@@ -25,7 +29,8 @@ static int cmp_double(const void * a, const void * b) {
 }
 
 // variant: 0 plain, 1 freq factors (the NTK table), 2 freq factors + log-n
-static double bench(int head_dim, int n_tokens, int variant, int n_threads) {
+// n_ops > 0: count mode (compute n_ops times, return 0)
+static double bench(int head_dim, int n_tokens, int variant, int n_threads, int n_ops) {
     struct ggml_init_params params = { (size_t) 4*head_dim*32*n_tokens*4 + 64*1024*1024, NULL, false };
     struct ggml_context * ctx = ggml_init(params);
 
@@ -59,6 +64,16 @@ static double bench(int head_dim, int n_tokens, int variant, int n_threads) {
     uint8_t * work = (uint8_t *) malloc(plan.work_size + 1);
     plan.work_data = work;
 
+    if (n_ops > 0) {
+        for (int i = 0; i < n_ops; i++) {
+            ggml_graph_compute(g, &plan);
+        }
+        free(work);
+        ggml_threadpool_free(tp);
+        ggml_free(ctx);
+        return 0.0;
+    }
+
     const int iters = n_tokens == 1 ? 20000 : 200;
     double t[7];
     ggml_graph_compute(g, &plan); // warm up
@@ -85,10 +100,20 @@ int main(int argc, char ** argv) {
     const int n_variants = 2;
 #endif
     const char * names[3] = { "plain", "table", "table+logn" };
+    if (argc == 6) {
+        const int v = atoi(argv[4]);
+        if (v < 0 || v >= n_variants) {
+            fprintf(stderr, "rope_op: variant %d not in this build\n", v);
+            return 2;
+        }
+        bench(atoi(argv[2]), atoi(argv[3]), v, n_threads, atoi(argv[5]));
+        printf("%s head_dim=%s n_tokens=%s computed %s times\n", names[v], argv[2], argv[3], argv[5]);
+        return 0;
+    }
     for (int d = 64; d <= 128; d *= 2) {
         for (int t = 1; t <= 512; t *= 512) {
             for (int v = 0; v < n_variants; v++) {
-                printf("%s head_dim=%d n_tokens=%d %.3f\n", names[v], d, t, bench(d, t, v, n_threads));
+                printf("%s head_dim=%d n_tokens=%d %.3f\n", names[v], d, t, bench(d, t, v, n_threads, 0));
                 fflush(stdout);
             }
         }

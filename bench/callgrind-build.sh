@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds ggml (only) twice without AVX-512 -- the patched tree of `make build` and the unpatched
+# tree of bench/build-stock.sh -- so that valgrind (which has no AVX-512) can count the rope op's
+# instructions: GGML_NATIVE=OFF with AVX2/FMA/F16C/BMI2, no OpenMP, same flags for both.
+# Output: build/callgrind/{patched,stock}/bin/libggml*.so. Used by bench/rope_op_callgrind.sh.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=${BUILD:-$ROOT/build}
+JOBS=${JOBS:-$(nproc)}
+LAUNCHER=()
+command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+for flavor in patched stock; do
+    case $flavor in
+        patched) SRC=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
+        stock)   SRC=$BUILD/stock-src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
+    esac
+    [ -f "$SRC/ggml/CMakeLists.txt" ] || { echo "callgrind-build: error: $SRC missing (make build; bench/build-stock.sh)" >&2; exit 2; }
+    # the whole tree is configured (the sdist's ggml/ cannot stand alone), only ggml is built
+    cmake -S "$SRC" -B "$BUILD/callgrind/$flavor" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+        -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+        -DGGML_AVX512=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+        "${LAUNCHER[@]}" > "$BUILD/callgrind/$flavor.cmake.log"
+    cmake --build "$BUILD/callgrind/$flavor" -j "$JOBS" --target ggml ggml-base ggml-cpu > "$BUILD/callgrind/$flavor.build.log"
+    echo "built $BUILD/callgrind/$flavor"
+done
