@@ -2,7 +2,8 @@
 # Builds ggml (only) twice without AVX-512 -- the patched tree of `make build` and the unpatched
 # tree of bench/build-stock.sh -- so that valgrind (which has no AVX-512) can count the rope op's
 # instructions: GGML_NATIVE=OFF with AVX2/FMA/F16C/BMI2, no OpenMP, same flags for both.
-# Output: build/callgrind/{patched,stock}/bin/libggml*.so. Used by bench/rope_op_callgrind.sh.
+# Output: build/callgrind/{patched,stock}/bin/libggml*.so, used by bench/rope_op_callgrind.sh;
+# with BUILD_LLAMA=1 also libllama.so, used by bench/decode_callgrind.sh.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
@@ -21,6 +22,6 @@ for flavor in patched stock; do
         -DGGML_AVX512=OFF -DGGML_OPENMP=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
         -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
         "${LAUNCHER[@]}" > "$BUILD/callgrind/$flavor.cmake.log"
-    cmake --build "$BUILD/callgrind/$flavor" -j "$JOBS" --target ggml ggml-base ggml-cpu > "$BUILD/callgrind/$flavor.build.log"
+    cmake --build "$BUILD/callgrind/$flavor" -j "$JOBS" --target ggml ggml-base ggml-cpu ${BUILD_LLAMA:+llama} > "$BUILD/callgrind/$flavor.build.log"
     echo "built $BUILD/callgrind/$flavor"
 done
