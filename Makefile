@@ -2,6 +2,7 @@
 #   make build        patched llama-cpp-python into .venv (CPU; CUDA=1 for CUDA, CUDA_ARCH=90 to pick archs)
 #   make demo         the main job on the default model: build, fetch, set mixed + log-n, generate at n_ctx 16384
 #   make test         the test suite (what CI runs)
+#   make results-report  docs/results/ (table, JSON, plot) from the committed per-unit results
 
 PYTHON   ?= python3
 VENV     := .venv
@@ -10,7 +11,7 @@ CUDA     ?= $(shell nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 
 DEMO_DIR := build/demo
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build model demo test test-slow cuda-compile test-backend-ops gpu-check clean distclean
+.PHONY: all venv build model demo test test-slow results-report cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -40,6 +41,14 @@ test: build
 
 test-slow: build
 	$(PY) -m pytest -ra -m slow
+
+# the grid of docs/results.md is computed by the commands listed there (hours on 2 cores); this
+# rewrites its report from the cached units in docs/results/cache, computing nothing
+RESULTS_GRID := --n-ctx 8192,16384,32768 --methods all --logn both --text paradise_lost --max-windows 1 \
+	--trials 3 --depths 0,0.5,1
+results-report: build
+	$(VENV)/bin/ggufrope eval compare "$$($(PY) -m ggufrope.models)" $(RESULTS_GRID) \
+		--cache docs/results/cache --out docs/results --report-only -q
 
 # compile the patched CUDA rope sources with nvcc (no GPU needed); see native/cuda-compile.sh
 cuda-compile: build

@@ -785,7 +785,8 @@ def run_compare(
                  "depths": None if depths is None else list(depths), "n_gen": n_gen,
                  "n_batch": n_batch, "gpu_layers": gpu_layers},
         "cells": cells,
-        "machine": machine_info(),
+        "machine": machine_info(),  # of this run: with report_only, not the one that computed the units
+        "report_only": report_only,
         "wall_s_this_run": time.perf_counter() - t_start,
         "wall_s_all_units": sum(r.get("wall_s", 0.0) for r in results.values()),
         "units": {"computed": stats.computed, "cached": stats.cached, "missing": stats.missing},

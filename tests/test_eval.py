@@ -311,3 +311,35 @@ def test_eval_cli_errors_are_one_line(smollm2):
     assert r.exit_code == 2 and "ggufrope: error:" in r.output and "neither a file nor a corpus document" in r.output
     r = CliRunner().invoke(main, ["eval", "compare", str(smollm2), "--methods", "rope9"])
     assert r.exit_code == 2 and "unknown method" in r.output
+
+
+# --- e. the published results are what the cache holds ------------------------------------------
+
+
+def test_published_results_are_the_cached_units(smollm2, tmp_path):
+    """docs/results/results.json and the table in docs/results.md are regenerated, with
+    --report-only, from the raw per-unit results committed in docs/results/cache: nothing in the
+    published table is typed by hand or left over from another model, text or grid."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pub = json.loads((root / "docs" / "results" / "results.json").read_text(encoding="utf-8"))
+    g = pub["grid"]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    texts = E.resolve_texts([t["name"] for t in g["texts"]])
+    assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
+    res, stats = E.run_compare(
+        smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], factor=g["factor"],
+        exponent=g["exponent"], texts=texts, max_windows=g["max_windows"], score_from=g["score_from"],
+        trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"], out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache", report_only=True, progress=False,
+    )
+    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
+    assert res["cells"] == pub["cells"]
+    md = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    rows = [line for line in E.markdown_table(res).splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
+    for line in rows:
+        assert line in md, line
