@@ -6,14 +6,14 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
-VERSION=0.3.36
+. "$ROOT/bench/trees.sh"
 SDIST=$BUILD/dl/llama_cpp_python-$VERSION.tar.gz
 [ -f "$SDIST" ] || { echo "build-stock: error: $SDIST missing (run: make build)" >&2; exit 2; }
 SRC=$BUILD/stock-src
-if [ ! -f "$SRC/llama_cpp_python-$VERSION/vendor/llama.cpp/CMakeLists.txt" ]; then
+if [ ! -f "$SSRC/CMakeLists.txt" ]; then
     rm -rf "$SRC" && mkdir -p "$SRC" && tar -xzf "$SDIST" -C "$SRC"
 fi
-LLAMA=$SRC/llama_cpp_python-$VERSION/vendor/llama.cpp
+LLAMA=$SSRC
 if grep -q ggml_rope_set_logn "$LLAMA/ggml/include/ggml.h"; then
     echo "build-stock: error: $LLAMA is patched" >&2; exit 2
 fi

@@ -8,13 +8,11 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 JOBS=${JOBS:-$(nproc)}
+. "$ROOT/bench/trees.sh"
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 for flavor in patched stock; do
-    case $flavor in
-        patched) SRC=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
-        stock)   SRC=$BUILD/stock-src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
-    esac
+    SRC=$(tree_src $flavor)
     [ -f "$SRC/ggml/CMakeLists.txt" ] || { echo "callgrind-build: error: $SRC missing (make build; bench/build-stock.sh)" >&2; exit 2; }
     # the whole tree is configured (the sdist's ggml/ cannot stand alone), only ggml is built
     cmake -S "$SRC" -B "$BUILD/callgrind/$flavor" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \

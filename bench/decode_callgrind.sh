@@ -14,16 +14,15 @@ BUILD=${BUILD:-$ROOT/build}
 CG=$BUILD/callgrind
 OUT=$CG/out-decode; mkdir -p "$OUT"
 N=${N:-128}; P0=${P0:-8192}; D=${D:-4}
+[ "$D" -ge 1 ] || { echo "decode_callgrind: error: D must be >= 1 (the decode count is a mean over D calls)" >&2; exit 2; }
+. "$ROOT/bench/trees.sh"
 MODEL=${MODEL:-$("$ROOT/.venv/bin/python" -m ggufrope.models)}
 command -v valgrind >/dev/null || { echo "decode_callgrind: error: valgrind not found" >&2; exit 2; }
 for flavor in patched stock; do
     [ -f "$CG/$flavor/bin/libllama.so" ] || { echo "decode_callgrind: error: run BUILD_LLAMA=1 bench/callgrind-build.sh first" >&2; exit 2; }
 done
 for flavor in patched stock; do
-    case $flavor in
-        patched) SRC=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
-        stock)   SRC=$BUILD/stock-src/llama_cpp_python-0.3.36/vendor/llama.cpp ;;
-    esac
+    SRC=$(tree_src $flavor)
     cc -O2 -I"$SRC/include" -I"$SRC/ggml/include" "$ROOT/bench/decode_callgrind.c" -L"$CG/$flavor/bin" \
         -lllama -lggml -lggml-base -Wl,-rpath,"$CG/$flavor/bin" -o "$OUT/decode_$flavor"
 done
@@ -53,13 +52,14 @@ N, P0, D = sys.argv[2:]
 D = int(D)
 for k in c:
     c[k] = [x for x in c[k] if x > 0][: 1 + D]  # prefill, then the D decodes
+mean = lambda v: sum(v) / len(v)
 print(f"llama_decode instructions, N = {N} prefill tokens at positions {P0}.., then {D} decodes (1 thread, FA on)")
 print(f"{'':18s} {'prefill':>15s} {'decode (mean)':>15s}")
 for k in ("stock", "none", "mixed_logn"):
     v = c[k]
-    print(f"{k:18s} {v[0]:15d} {sum(v[1:]) / max(1, len(v) - 1):15.0f}")
+    print(f"{k:18s} {v[0]:15d} {mean(v[1:]):15.0f}")
 for k in ("none", "mixed_logn"):
     pf = c[k][0] / c["stock"][0]
-    dc = (sum(c[k][1:]) / len(c[k][1:])) / (sum(c["stock"][1:]) / len(c["stock"][1:]))
+    dc = mean(c[k][1:]) / mean(c["stock"][1:])
     print(f"{k} / stock: prefill {pf:.5f}, decode {dc:.5f}")
 PYEOF

@@ -8,8 +8,7 @@ BUILD=${BUILD:-$ROOT/build}
 ROUNDS=${ROUNDS:-5}
 THREADS=${THREADS:-$(nproc)}
 PLIB=$("$ROOT/.venv/bin/python" -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')")
-PSRC=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp
-SSRC=$BUILD/stock-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+. "$ROOT/bench/trees.sh"
 SLIB=$BUILD/stock-lib
 [ -f "$SLIB/libggml-base.so" ] || { echo "rope_op: error: run bench/build-stock.sh first" >&2; exit 2; }
 OUT=$BUILD/bench; mkdir -p "$OUT"

@@ -1,0 +1,13 @@
+# Sourced by the bench scripts (after BUILD is set): the two llama.cpp trees of the one pinned
+# llama-cpp-python sdist. PSRC is the patched tree of `make build` (native/build.sh), SSRC the
+# unpatched one of bench/build-stock.sh; `tree_src patched|stock` prints the one named.
+VERSION=0.3.36
+PSRC=$BUILD/src/llama_cpp_python-$VERSION/vendor/llama.cpp
+SSRC=$BUILD/stock-src/llama_cpp_python-$VERSION/vendor/llama.cpp
+tree_src() {
+    case $1 in
+        patched) echo "$PSRC" ;;
+        stock)   echo "$SSRC" ;;
+        *)       echo "trees.sh: unknown tree $1" >&2; return 2 ;;
+    esac
+}
