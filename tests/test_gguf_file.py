@@ -552,6 +552,117 @@ def test_data_section_is_copied_from_block_aligned_offsets(tmp_path, monkeypatch
     assert_rewrite_ok(p, out)
 
 
+def big_gguf(path: Path, n: int, seed: int = 2) -> Path:
+    """A GGUF whose data section is one ``n``-byte I8 tensor of random bytes."""
+    data = np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_rope_dimension_count(64)
+    w.add_tensor("big", data.view(np.int8))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+class FakeSyncFileRange:
+    """Stands in for glibc's sync_file_range: records the calls, fails with ``errno_`` from
+    call number ``fail_at`` on (never if None), else does what the real one does."""
+
+    def __init__(self, errno_: int = 0, fail_at: int | None = None):
+        self.calls: list[tuple[int, int, int]] = []
+        self.errno_, self.fail_at, self.real = errno_, fail_at, G._sync_file_range()
+
+    def __call__(self, fd: int, off: int, n: int, flags: int) -> int:
+        self.calls.append((off, n, flags))
+        if self.fail_at is not None and len(self.calls) > self.fail_at:
+            return -1
+        return self.real(fd, off, n, flags) if self.real else 0
+
+    def get_errno(self) -> int:
+        return self.errno_
+
+
+WRITE, WAIT = G._SFR_WRITE, G._SFR_WAIT_BEFORE | G._SFR_WRITE | G._SFR_WAIT_AFTER
+
+
+@pytest.mark.skipif(not os.uname().sysname == "Linux", reason="sync_file_range is Linux's")
+def test_sync_file_range_is_found_on_linux() -> None:
+    # the streamed copy below is the path every large set takes on Linux: it must not
+    # silently degrade to the one-fsync copy because the binding failed
+    assert G._sync_file_range() is not None
+
+
+def test_streamed_copy_starts_the_writeback_of_each_step(tmp_path, monkeypatch) -> None:
+    step = 64 << 10
+    data = os.urandom(5 * step + 12345)
+    (tmp_path / "src").write_bytes(b"x" * 100 + data)
+    fake = FakeSyncFileRange()
+    monkeypatch.setattr(G, "_SYNC_FILE_RANGE", [fake])
+    monkeypatch.setattr(G, "_WRITEBACK_STEP", step)
+    s = os.open(tmp_path / "src", os.O_RDONLY)
+    d = os.open(tmp_path / "dst", os.O_RDWR | os.O_CREAT)
+    try:
+        G._copy_streamed(s, d, 100, 7, len(data))
+    finally:
+        os.close(s)
+        os.close(d)
+    assert (tmp_path / "dst").read_bytes()[7:] == data
+    steps = [(7 + i * step, min(step, len(data) - i * step)) for i in range(6)]
+    # start step i, then wait for step i - 1: at most two steps in flight
+    want = [(*steps[0], WRITE)]
+    for i in range(1, 6):
+        want += [(*steps[i], WRITE), (*steps[i - 1], WAIT)]
+    assert fake.calls == want
+
+
+def test_streamed_copy_of_less_than_three_steps_is_one_copy(tmp_path, monkeypatch) -> None:
+    fake = FakeSyncFileRange()
+    monkeypatch.setattr(G, "_SYNC_FILE_RANGE", [fake])
+    monkeypatch.setattr(G, "_WRITEBACK_STEP", 1 << 20)
+    p = big_gguf(tmp_path / "big.gguf", 2 << 20)
+    G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+    assert fake.calls == []
+    assert_rewrite_ok(p, tmp_path / "o.gguf")
+
+
+def test_streamed_copy_where_sync_file_range_is_unsupported(tmp_path, monkeypatch) -> None:
+    fake = FakeSyncFileRange(errno.EINVAL, fail_at=0)
+    monkeypatch.setattr(G, "_SYNC_FILE_RANGE", [fake])
+    monkeypatch.setattr(G, "_WRITEBACK_STEP", 64 << 10)
+    p = big_gguf(tmp_path / "big.gguf", (1 << 20) + 5)
+    G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
+    assert len(fake.calls) == 1  # tried once, then the rest copied without it
+    assert_rewrite_ok(p, tmp_path / "o.gguf")
+
+
+@pytest.mark.parametrize("fail_at", [0, 3])
+def test_writeback_error_during_the_copy_is_a_clean_error(tmp_path, monkeypatch, fail_at) -> None:
+    fake = FakeSyncFileRange(errno.EIO, fail_at=fail_at)
+    monkeypatch.setattr(G, "_SYNC_FILE_RANGE", [fake])
+    monkeypatch.setattr(G, "_WRITEBACK_STEP", 64 << 10)
+    p = big_gguf(tmp_path / "big.gguf", (1 << 20) + 5)
+    before = p.read_bytes()
+    dst = tmp_path / "dst.gguf"
+    dst.write_bytes(b"old contents")
+    with pytest.raises(GGUFRopeError) as ei:
+        G.write_rope_metadata(p, dst, method="ntk")
+    assert "Input/output error" in str(ei.value) and "\n" not in str(ei.value)
+    assert len(fake.calls) == fail_at + 1
+    assert dst.read_bytes() == b"old contents" and p.read_bytes() == before
+    assert no_temp_files(tmp_path)
+
+
+def test_streamed_rewrite_of_a_large_data_section(tmp_path, monkeypatch) -> None:
+    """The real binding, many steps, an unaligned data section: byte-identical data."""
+    monkeypatch.setattr(G, "_WRITEBACK_STEP", 64 << 10)
+    p = big_gguf(tmp_path / "big.gguf", (3 << 20) + 77)
+    assert G.read_header(p).data_offset % 4096
+    r = G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk-mixed", logn=True)
+    assert r.data_bytes > 40 * (64 << 10)
+    assert_rewrite_ok(p, tmp_path / "o.gguf")
+
+
 # --------------------------------------------------------------------------- atomicity
 
 
