@@ -11,9 +11,7 @@ on that same file:
 * ``cp SRC DST``, ``cp SRC DST && sync DST`` (cp plus the fsync that ggufrope does;
   gguf_new_metadata.py likewise with and without a final ``sync``), and, as a diagnostic
   only, the library call with ``os.fsync`` stubbed out (what the copy costs without the
-  durability that the atomic rename needs) and the library call with the writeback left
-  to the final fsync (``_WRITEBACK_STEP = 0``, the copy as it was before the streamed
-  writeback),
+  durability that the atomic rename needs),
   ``ggufrope set SRC -m mixed --logn -o DST`` (the CLI, end to end), the library call
   ``write_rope_metadata`` (timed inside its process), and gguf-py's
   ``gguf_new_metadata.py SRC DST --general-description ...``: wall time and peak RSS
@@ -247,15 +245,6 @@ r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=Tru
 print(json.dumps({"import": 0, "call": time.perf_counter() - t, "data_bytes": r.data_bytes}))
 """
 
-LIB_SET_ONE_FSYNC = r"""
-import json, sys, time
-from ggufrope import gguf_file as G
-G._WRITEBACK_STEP = 0  # diagnostic: the copy as before, all the writeback left to the final fsync
-t = time.perf_counter()
-r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
-print(json.dumps({"import": 0, "call": time.perf_counter() - t, "data_bytes": r.data_bytes}))
-"""
-
 LIB_INPLACE = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -291,7 +280,6 @@ def tools(src: str, dst: str) -> dict[str, list[str]]:
         "ggufrope set (CLI)": [str(BIN / "ggufrope"), "set", src, "-m", "mixed", "--logn", "-o", dst],
         "ggufrope set (library)": [PY, "-c", LIB_SET, src, dst],
         "set, no fsync (diagnostic)": [PY, "-c", LIB_SET_NOFSYNC, src, dst],
-        "set, one final fsync (diag.)": [PY, "-c", LIB_SET_ONE_FSYNC, src, dst],
     }
     nm = new_metadata_cmd()
     if nm:
@@ -315,7 +303,7 @@ def measure_tools(src: str, dst: str, reps: int, drop: str, skip: set[str] = fro
                 os.unlink(dst)
             settle(src, drop)
             m = run(ts[name], env=env())
-            if name in ("ggufrope set (library)", "set, no fsync (diagnostic)", "set, one final fsync (diag.)"):
+            if name in ("ggufrope set (library)", "set, no fsync (diagnostic)"):
                 m["lib"] = json.loads(m["out"].strip().splitlines()[-1])
             res[name].append(m)
             print(f"  rep {r + 1}/{reps}  {name:<24} {m['wall']:8.3f} s  {m['rss_mb']:7.1f} MB", flush=True)
@@ -635,13 +623,9 @@ def main() -> None:
         lines.append(("diagnostic: set library call without its fsync / cp", cp_t / nf, ""))
         if nm_t:
             lines.append(("diagnostic: gguf_new_metadata.py / set without its fsync", nm_t / nf, ""))
-    if "set, one final fsync (diag.)" in g:
-        of = g["set, one final fsync (diag.)"]["call"]
-        lines.append(("diagnostic: set library call, writeback only at the final fsync / cp", cp_t / of, ""))
-        lines.append(("diagnostic: that call's time / streamed-writeback call's time", of / g["ggufrope set (library)"]["call"], ""))
     for what, v, acc in lines:
         ok = "" if not acc else ("  PASS" if v >= float(acc.split()[-1]) else "  FAIL")
-        print(f"  {what:<70} {v:8.2f}   {acc}{ok}")
+        print(f"  {what:<58} {v:8.2f}   {acc}{ok}")
     print(f"  {'peak RSS, ggufrope set CLI, large file':<50} {g['ggufrope set (CLI)']['rss_mb']:8.1f} MB   <= 150"
           f"{'  PASS' if g['ggufrope set (CLI)']['rss_mb'] <= 150 else '  FAIL'}")
     print(f"  {'peak RSS, ggufrope set library, large file':<50} {g['ggufrope set (library)']['rss_mb']:8.1f} MB")

@@ -1010,65 +1010,6 @@ def _copy_range(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int
         count -= n
 
 
-#: switch for benchmarks and tests: the data copy starts the writeback of every this many
-#: bytes as soon as they are copied (0: all the writeback is left to the final fsync)
-_WRITEBACK_STEP = 64 << 20
-_SYNC_FILE_RANGE: list = []  # [function or None], resolved on first use
-_SFR_WAIT_BEFORE, _SFR_WRITE, _SFR_WAIT_AFTER = 1, 2, 4
-
-
-def _sync_file_range() -> Any:
-    """glibc's ``sync_file_range(2)`` (Linux only; None elsewhere). ctypes is imported only
-    here, so the header-only paths do not pay for it."""
-    if not _SYNC_FILE_RANGE:
-        fn = None
-        if sys.platform.startswith("linux"):
-            try:
-                import ctypes
-
-                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                fn.restype = ctypes.c_int
-                fn.get_errno = ctypes.get_errno
-            except (OSError, AttributeError):
-                fn = None
-        _SYNC_FILE_RANGE.append(fn)
-    return _SYNC_FILE_RANGE[0]
-
-
-def _writeback(fn: Any, fd: int, off: int, n: int, flags: int) -> bool:
-    """One ``sync_file_range`` call: True if done, False where the filesystem does not
-    support it; an I/O error (EIO, ENOSPC) is raised as OSError, as the fsync would."""
-    if fn(fd, off, n, flags) == 0:
-        return True
-    e = fn.get_errno()
-    if e in (errno.ENOSYS, errno.EINVAL, errno.ESPIPE, errno.EOPNOTSUPP, errno.ENOTSUP):
-        return False
-    raise OSError(e, os.strerror(e))
-
-
-def _copy_streamed(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int) -> None:
-    """:func:`_copy_range` in steps of :data:`_WRITEBACK_STEP` bytes, starting the writeback
-    of each step (``SYNC_FILE_RANGE_WRITE``) as soon as it is copied and waiting for the one
-    before it, so that the disk writes while the copy goes on and the fsync that the atomic
-    rename needs finds (almost) nothing left to write. At most two steps are dirty or under
-    writeback at a time, whatever the file size. Where ``sync_file_range`` is missing or
-    unsupported, or the count is under three steps, this is one :func:`_copy_range`."""
-    step = _WRITEBACK_STEP
-    fn = _sync_file_range() if step and count > 2 * step else None
-    prev: tuple[int, int] | None = None
-    while count > 0:
-        n = min(count, step) if fn else count
-        _copy_range(src_fd, dst_fd, src_off, dst_off, n)
-        if fn:
-            if not _writeback(fn, dst_fd, dst_off, n, _SFR_WRITE):
-                fn = None
-            elif prev:
-                _writeback(fn, dst_fd, prev[0], prev[1], _SFR_WAIT_BEFORE | _SFR_WRITE | _SFR_WAIT_AFTER)
-        prev = (dst_off, n)
-        src_off, dst_off, count = src_off + n, dst_off + n, count - n
-
-
 def _copy_data(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int, block: int = PAGE) -> None:
     """Copy the data section so that copy-on-write filesystems can share its extents.
 
@@ -1078,9 +1019,7 @@ def _copy_data(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int,
     starts on a block boundary, but the placement rule (see :func:`_plan`) keeps
     ``dst_off`` congruent to ``src_off`` modulo ``block``: so the bytes up to the source's
     next block boundary are copied first (less than a block), and the rest starts aligned
-    on both sides and can be cloned whole (its end is the end of the file), in steps of
-    :data:`_WRITEBACK_STEP` bytes (64 MiB, a multiple of the filesystem block) whose
-    writeback starts as each is copied (:func:`_copy_streamed`)."""
+    on both sides and can be cloned whole (its end is the end of the file)."""
     if count > _CHUNK and hasattr(os, "posix_fadvise"):
         try:  # as cp does: a larger readahead window for a cold source
             os.posix_fadvise(src_fd, src_off, count, os.POSIX_FADV_SEQUENTIAL)
@@ -1090,7 +1029,7 @@ def _copy_data(src_fd: int, dst_fd: int, src_off: int, dst_off: int, count: int,
     if head and (dst_off - src_off) % block == 0:
         _copy_range(src_fd, dst_fd, src_off, dst_off, head)
         src_off, dst_off, count = src_off + head, dst_off + head, count - head
-    _copy_streamed(src_fd, dst_fd, src_off, dst_off, count)
+    _copy_range(src_fd, dst_fd, src_off, dst_off, count)
 
 
 def _write_segments(src_fd: int, dst_fd: int, segments: list, at: int = 0) -> int:
