@@ -1,7 +1,9 @@
-# Sourced by the bench scripts (after BUILD is set): the two llama.cpp trees of the one pinned
+# Sourced by the bench scripts (after ROOT and BUILD are set): the two llama.cpp trees of the one pinned
 # llama-cpp-python sdist. PSRC is the patched tree of `make build` (native/build.sh), SSRC the
 # unpatched one of bench/build-stock.sh; `tree_src patched|stock` prints the one named.
-VERSION=0.3.36
+# VERSION is the one native/build.sh pins (set there only).
+VERSION=$(sed -n 's/^VERSION=//p' "$ROOT/native/build.sh")
+[ -n "$VERSION" ] || { echo "trees.sh: native/build.sh sets no VERSION" >&2; exit 2; }
 PSRC=$BUILD/src/llama_cpp_python-$VERSION/vendor/llama.cpp
 SSRC=$BUILD/stock-src/llama_cpp_python-$VERSION/vendor/llama.cpp
 tree_src() {

@@ -2,12 +2,48 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any, Callable
 
 import gguf
 import numpy as np
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pinned_version() -> str:
+    m = re.search(r"^VERSION=(\S+)$", (ROOT / "native" / "build.sh").read_text(), re.M)
+    assert m, "native/build.sh sets no VERSION"
+    return m.group(1)
+
+
+#: the llama-cpp-python version pinned by native/build.sh (the one place it is set)
+PINNED_VERSION = _pinned_version()
+#: the pinned sdist that ``make build`` downloads
+PINNED_SDIST = ROOT / "build" / "dl" / f"llama_cpp_python-{PINNED_VERSION}.tar.gz"
+#: the patched llama.cpp tree that ``make build`` unpacks, patches and builds
+PATCHED_SRC = ROOT / "build" / "src" / f"llama_cpp_python-{PINNED_VERSION}" / "vendor" / "llama.cpp"
+
+
+def compile_c(source: str | Path, exe: Path, *flags: str, libs: tuple[str, ...] = ("ggml-base", "ggml", "ggml-cpu")) -> Path:
+    """Compile the C program ``source`` (relative to the repository) into ``exe`` against the
+    patched headers (``include``, ``ggml/include``) and the patched libraries that llama-cpp-python
+    installed (``libs``, rpath set), with -Wall -Werror. ``flags`` go before the source (defines,
+    more include dirs). Raises CalledProcessError (with the compiler's output) on failure."""
+    import llama_cpp
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "no C compiler"
+    lib = Path(llama_cpp.__file__).parent / "lib"
+    subprocess.run([cc, "-O1", "-Wall", "-Werror", *flags, f"-I{PATCHED_SRC / 'include'}",
+                    f"-I{PATCHED_SRC / 'ggml' / 'include'}", str(ROOT / source), f"-L{lib}",
+                    *(f"-l{x}" for x in libs), f"-Wl,-rpath,{lib}", "-o", str(exe)],
+                   check=True, capture_output=True, text=True)
+    return exe
 
 
 def write_test_gguf(

@@ -11,27 +11,12 @@ benchmark relies on, natively (valgrind itself is not run here):
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SRC = ROOT / "build" / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp"
-
-
-def _cc(patched_lib: str, tmp_path: Path, source: str, *extra: str) -> Path:
-    import llama_cpp
-
-    cc = shutil.which("cc") or shutil.which("gcc")
-    assert cc, "no C compiler"
-    lib = Path(llama_cpp.__file__).parent / "lib"
-    exe = tmp_path / Path(source).stem
-    subprocess.run([cc, "-O1", "-Wall", "-Werror", *extra, f"-I{SRC / 'include'}", f"-I{SRC / 'ggml' / 'include'}",
-                    str(ROOT / source), f"-L{lib}", "-lllama", "-lggml-base", "-lggml", "-lggml-cpu",
-                    f"-Wl,-rpath,{lib}", "-o", str(exe)], check=True, capture_output=True, text=True)
-    return exe
+from conftest import compile_c
 
 
 def _logit0(exe: Path, model: Path, p0: int, *method: str) -> float:
@@ -47,7 +32,8 @@ def test_decode_driver_applies_the_method(patched_lib, tmp_path):
     from ggufrope.models import default_model_path
 
     model = default_model_path()
-    exe = _cc(patched_lib, tmp_path, "bench/decode_callgrind.c")
+    exe = compile_c("bench/decode_callgrind.c", tmp_path / "decode_callgrind",
+                    libs=("llama", "ggml-base", "ggml", "ggml-cpu"))
     mixed = ("ntk-mixed", "2", "0.625")
     below_on, below_off = _logit0(exe, model, 0, *mixed, "1"), _logit0(exe, model, 0, *mixed, "0")
     beyond_on, beyond_off = _logit0(exe, model, 8192, *mixed, "1"), _logit0(exe, model, 8192, *mixed, "0")
@@ -61,7 +47,7 @@ def test_decode_driver_applies_the_method(patched_lib, tmp_path):
 
 
 def test_rope_op_count_mode(patched_lib, tmp_path):
-    exe = _cc(patched_lib, tmp_path, "bench/rope_op.c", "-DGGUFROPE")
+    exe = compile_c("bench/rope_op.c", tmp_path / "rope_op", "-DGGUFROPE")
     r = subprocess.run([str(exe), "1", "64", "512", "2", "3"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout == "table+logn head_dim=64 n_tokens=512 computed 3 times\n", r.stdout + r.stderr
     r = subprocess.run([str(exe), "1", "64", "1", "3", "1"], capture_output=True, text=True, timeout=120)

@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PATCHED_SRC, PINNED_SDIST, PINNED_VERSION
 from ggufrope import keys as K
 
 ROOT = Path(__file__).resolve().parents[1]
-VERSION = "0.3.36"
-SDIST = ROOT / "build" / "dl" / f"llama_cpp_python-{VERSION}.tar.gz"
-PATCHED_ARCH = ROOT / "build" / "src" / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp" / "src" / "llama-arch.cpp"
+PATCHED_ARCH = PATCHED_SRC / "src" / "llama-arch.cpp"
 _KV_RE = re.compile(r'\{\s*(LLM_KV_\w+)\s*,\s*"([^"]+)"\s*\}')
 
 
@@ -25,9 +24,9 @@ def _kv_table(text: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def stock_table() -> dict[str, str]:
-    assert SDIST.exists(), "the pinned sdist is missing: run make build"
-    with tarfile.open(SDIST) as tf:
-        member = tf.extractfile(f"llama_cpp_python-{VERSION}/vendor/llama.cpp/src/llama-arch.cpp")
+    assert PINNED_SDIST.exists(), "the pinned sdist is missing: run make build"
+    with tarfile.open(PINNED_SDIST) as tf:
+        member = tf.extractfile(f"llama_cpp_python-{PINNED_VERSION}/vendor/llama.cpp/src/llama-arch.cpp")
         return _kv_table(member.read().decode())
 
 

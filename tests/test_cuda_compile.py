@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from conftest import PATCHED_SRC
+
 ROOT = Path(__file__).resolve().parents[1]
-CUDA_DIR = ROOT / "build" / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "ggml" / "src" / "ggml-cuda"
+CUDA_DIR = PATCHED_SRC / "ggml" / "src" / "ggml-cuda"
 
 
 def test_cuda_sources_carry_the_change(patched_lib):
