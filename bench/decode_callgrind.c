@@ -23,10 +23,24 @@ static void quiet(enum ggml_log_level level, const char * text, void * ud) {
     }
 }
 
-static void kv_str(struct llama_model_kv_override * o, const char * key, const char * v) {
-    o->tag = LLAMA_KV_OVERRIDE_TYPE_STR;
+static void kv_key(struct llama_model_kv_override * o, enum llama_model_kv_override_type tag, const char * key) {
+    o->tag = tag;
     snprintf(o->key, sizeof(o->key), "%s", key);
+}
+
+static void kv_str(struct llama_model_kv_override * o, const char * key, const char * v) {
+    kv_key(o, LLAMA_KV_OVERRIDE_TYPE_STR, key);
     snprintf(o->val_str, sizeof(o->val_str), "%s", v);
+}
+
+static void kv_f64(struct llama_model_kv_override * o, const char * key, double v) {
+    kv_key(o, LLAMA_KV_OVERRIDE_TYPE_FLOAT, key);
+    o->val_f64 = v;
+}
+
+static void kv_bool(struct llama_model_kv_override * o, const char * key, bool v) {
+    kv_key(o, LLAMA_KV_OVERRIDE_TYPE_BOOL, key);
+    o->val_bool = v;
 }
 
 int main(int argc, char ** argv) {
@@ -43,9 +57,9 @@ int main(int argc, char ** argv) {
     struct llama_model_params mp = llama_model_default_params();
     if (argc == 9) {
         kv_str(&kv[0], "llama.rope.ntk.method", argv[5]);
-        kv[1].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT; snprintf(kv[1].key, 128, "llama.rope.ntk.factor");   kv[1].val_f64 = atof(argv[6]);
-        kv[2].tag = LLAMA_KV_OVERRIDE_TYPE_FLOAT; snprintf(kv[2].key, 128, "llama.rope.ntk.exponent"); kv[2].val_f64 = atof(argv[7]);
-        kv[3].tag = LLAMA_KV_OVERRIDE_TYPE_BOOL;  snprintf(kv[3].key, 128, "llama.attention.logn_scaling"); kv[3].val_bool = atoi(argv[8]) != 0;
+        kv_f64(&kv[1], "llama.rope.ntk.factor", atof(argv[6]));
+        kv_f64(&kv[2], "llama.rope.ntk.exponent", atof(argv[7]));
+        kv_bool(&kv[3], "llama.attention.logn_scaling", atoi(argv[8]) != 0);
         mp.kv_overrides = kv;
     }
     struct llama_model * model = llama_model_load_from_file(argv[1], mp);
