@@ -6,7 +6,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
-. "$ROOT/bench/trees.sh"
+. "$ROOT/native/trees.sh"
 SDIST=$BUILD/dl/llama_cpp_python-$VERSION.tar.gz
 [ -f "$SDIST" ] || { echo "build-stock: error: $SDIST missing (run: make build)" >&2; exit 2; }
 SRC=$BUILD/stock-src

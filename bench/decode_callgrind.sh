@@ -15,7 +15,7 @@ CG=$BUILD/callgrind
 OUT=$CG/out-decode; mkdir -p "$OUT"
 N=${N:-128}; P0=${P0:-8192}; D=${D:-4}
 [ "$D" -ge 1 ] || { echo "decode_callgrind: error: D must be >= 1 (the decode count is a mean over D calls)" >&2; exit 2; }
-. "$ROOT/bench/trees.sh"
+. "$ROOT/native/trees.sh"
 MODEL=${MODEL:-$("$ROOT/.venv/bin/python" -m ggufrope.models)}
 command -v valgrind >/dev/null || { echo "decode_callgrind: error: valgrind not found" >&2; exit 2; }
 for flavor in patched stock; do

@@ -8,7 +8,7 @@ BUILD=${BUILD:-$ROOT/build}
 ROUNDS=${ROUNDS:-5}
 THREADS=${THREADS:-$(nproc)}
 PLIB=$("$ROOT/.venv/bin/python" -c "import llama_cpp, pathlib; print(pathlib.Path(llama_cpp.__file__).parent / 'lib')")
-. "$ROOT/bench/trees.sh"
+. "$ROOT/native/trees.sh"
 SLIB=$BUILD/stock-lib
 [ -f "$SLIB/libggml-base.so" ] || { echo "rope_op: error: run bench/build-stock.sh first" >&2; exit 2; }
 OUT=$BUILD/bench; mkdir -p "$OUT"

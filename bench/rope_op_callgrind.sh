@@ -18,7 +18,7 @@ command -v valgrind >/dev/null || { echo "rope_op_callgrind: error: valgrind not
 for flavor in patched stock; do
     [ -f "$CG/$flavor/bin/libggml-cpu.so" ] || { echo "rope_op_callgrind: error: run bench/callgrind-build.sh first" >&2; exit 2; }
 done
-. "$ROOT/bench/trees.sh"
+. "$ROOT/native/trees.sh"
 cc -O2 -I"$PSRC/ggml/include" -DGGUFROPE "$ROOT/bench/rope_op.c" -L"$CG/patched/bin" -lggml-base -lggml-cpu -lggml \
     -Wl,-rpath,"$CG/patched/bin" -o "$OUT/rope_op_patched"
 cc -O2 -I"$SSRC/ggml/include" "$ROOT/bench/rope_op.c" -L"$CG/stock/bin" -lggml-base -lggml-cpu -lggml \

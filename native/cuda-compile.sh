@@ -12,7 +12,8 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
 VENV=${VENV:-$ROOT/.venv}
-LLAMA=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+. "$ROOT/native/trees.sh"
+LLAMA=$PSRC
 CUDA_ARCH=${CUDA_ARCH:-90}
 CUBLAS_WHEEL_VERSION=13.10.0.20
 OUT=$BUILD/cuda-compile

@@ -11,7 +11,8 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
-LLAMA=$BUILD/src/llama_cpp_python-0.3.36/vendor/llama.cpp
+. "$ROOT/native/trees.sh"
+LLAMA=$PSRC
 CUDA=${CUDA:-0}
 MODE=${MODE:-test}
 

@@ -1,4 +1,4 @@
-# Sourced by the bench scripts (after ROOT and BUILD are set): the two llama.cpp trees of the one pinned
+# Sourced by the bench and native scripts (after ROOT and BUILD are set): the two llama.cpp trees of the one pinned
 # llama-cpp-python sdist. PSRC is the patched tree of `make build` (native/build.sh), SSRC the
 # unpatched one of bench/build-stock.sh; `tree_src patched|stock` prints the one named.
 # VERSION is the one native/build.sh pins (set there only).
