@@ -1,8 +1,13 @@
 """The torch reference forward against ``methods.rope_reference`` and against llama.cpp.
 
+The reference (``tests/torch_reference.py``) computes the frequencies and log-n itself from
+the seeds' formulas (method, k, b), never from ``ggufrope.methods``, so that a misreading of
+the seeds shared by ``ggufrope.methods`` and the C patch cannot pass these tests.
+
 Three groups:
 
-1. unit tests (always run): the torch RoPE equals ``methods.rope_reference``; the tiny
+1. unit tests (always run): the torch RoPE with the seed's frequencies equals
+   ``methods.rope_reference`` with ``methods.freq_factors`` (two transcriptions agree); the tiny
    writers produce files gguf-py reads back; the reference forward has the properties of a
    causal RoPE transformer; every method changes the logits by far more than the tolerance
    (so the llama.cpp comparisons have power).
@@ -29,7 +34,7 @@ import torch
 
 from ggufrope import methods
 from tiny_models import N_SPECIAL, write_tiny_llama, write_tiny_qwen2, write_tiny_qwen2vl
-from torch_reference import apply_rope, effective_factors, forward
+from torch_reference import apply_rope, forward, rope_inv_freq, seed_inv_freq, seed_logn_scale
 
 L = 64  # n_ctx_train of every tiny model
 N_CTX = 4 * L
@@ -131,10 +136,10 @@ def models(tmp_path_factory):
 
 
 ROPE_CASES = [
-    ("none", 1.0, methods.DEFAULT_EXPONENT),
-    ("linear", 4.0, methods.DEFAULT_EXPONENT),
-    ("ntk", 4.0, methods.DEFAULT_EXPONENT),
-    ("ntk-fixed", 8.0, methods.DEFAULT_EXPONENT),
+    ("none", 1.0, 0.625),
+    ("linear", 4.0, 0.625),
+    ("ntk", 4.0, 0.625),
+    ("ntk-fixed", 8.0, 0.625),
     ("ntk-mixed", 4.0, 0.5),
     ("ntk-mixed", 16.0, 0.625),
 ]
@@ -150,8 +155,8 @@ def test_torch_rope_matches_rope_reference(mode, method, k, b, logn_ctx, head_di
     pos = rng.permutation(1000)[:300]
     ff = methods.freq_factors(method, n_dims, k, b)
     ref = methods.rope_reference(x, pos, n_dims, 10000.0, mode=mode, factors=ff, logn_ctx=logn_ctx)
-    inv = torch.as_tensor(methods.inv_freq(n_dims, 10000.0, ff))
-    logn = torch.as_tensor(methods.logn_scale(pos, logn_ctx)) if logn_ctx else None
+    inv = seed_inv_freq(method, n_dims, 10000.0, k, b)
+    logn = seed_logn_scale(pos, logn_ctx) if logn_ctx else None
     got = apply_rope(torch.as_tensor(x), torch.as_tensor(pos), inv, mode, logn).numpy()
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
 
@@ -160,7 +165,7 @@ def test_torch_rope_is_a_rotation_of_relative_position():
     # <R(p)q, R(p')k> depends on p - p' only, in both layouts
     rng = np.random.default_rng(3)
     q, k = rng.standard_normal((2, 1, 1, 16))
-    inv = torch.as_tensor(methods.inv_freq(16, 10000.0, methods.freq_factors("ntk-mixed", 16, 4.0)))
+    inv = seed_inv_freq("ntk-mixed", 16, 10000.0, 4.0)
     for mode in ("normal", "neox"):
         dots = []
         for shift in (0, 37, 500):
@@ -245,11 +250,14 @@ def test_reference_forward_properties(models, arch):
     ln = forward(m, toks, logn_ctx=32)
     np.testing.assert_allclose(ln[:32], full[:32], rtol=1e-12, atol=1e-12)
     assert rel_err(ln[32:], full[32:]).max() > 10 * TOL
-    # factors k^(2i/(d-2)) at base beta == plain RoPE at base beta*k^(d/(d-2))
-    d = m.n_rot
+    # ntk-fixed is ntk-mixed with b = 1 (seed 000)
     np.testing.assert_allclose(
-        forward(m, toks, factors=methods.freq_factors("ntk", d, K)),
-        forward(m, toks, freq_base=m.freq_base * K ** (d / (d - 2))),
+        forward(m, toks, method="ntk-fixed", k=K), forward(m, toks, method="ntk-mixed", k=K, b=1.0),
+        rtol=1e-12, atol=1e-12,
+    )
+    # linear (PI) rotates position p as plain RoPE rotates p/k
+    np.testing.assert_allclose(
+        forward(m, toks, method="linear", k=K), forward(m, toks, positions=np.arange(80) / K),
         rtol=1e-9, atol=1e-9,
     )
 
@@ -257,9 +265,12 @@ def test_reference_forward_properties(models, arch):
 def test_rope_freqs_compose_with_factors(tmp_path):
     rf = np.linspace(1.0, 2.5, 8).astype(np.float32)
     m = write_tiny_llama(tmp_path / "rf.gguf", seed=11, rope_freqs=rf)
-    ff = methods.freq_factors("ntk-mixed", m.n_rot, K)
-    np.testing.assert_allclose(effective_factors(m, ff), ff * rf.astype(np.float64))
-    np.testing.assert_allclose(effective_factors(m, None), rf)
+    mixed = seed_inv_freq("ntk-mixed", m.n_rot, m.freq_base, K).numpy()
+    np.testing.assert_allclose(rope_inv_freq(m, "ntk-mixed", K).numpy(), mixed / rf.astype(np.float64), rtol=1e-15)
+    plain = seed_inv_freq("none", m.n_rot, m.freq_base).numpy()
+    np.testing.assert_allclose(rope_inv_freq(m).numpy(), plain / rf.astype(np.float64), rtol=1e-15)
+    q = write_tiny_qwen2(tmp_path / "q.gguf", seed=11)  # qwen2's graph passes no rope factors
+    np.testing.assert_allclose(rope_inv_freq(q, "ntk-mixed", K).numpy(), mixed, rtol=1e-15)
 
 
 METHOD_CASES = [("ntk", 1.0), ("ntk-fixed", 1.0)] + [("ntk-mixed", b) for b in EXPONENTS]
@@ -271,13 +282,12 @@ def test_methods_change_the_logits(models, arch, method, b):
     """The comparisons below can tell the methods apart: every pair differs by >> TOL."""
     m = models[arch]
     toks = tokens_for(m)
-    ff = methods.freq_factors(method, m.n_rot, K, b)
     plain = forward(m, toks)
-    meth = forward(m, toks, factors=ff)
+    meth = forward(m, toks, method=method, k=K, b=b)
     assert rel_err(meth, plain).max() > 10 * TOL
-    assert rel_err(forward(m, toks, factors=ff, logn_ctx=L), meth).max() > 10 * TOL
+    assert rel_err(forward(m, toks, method=method, k=K, b=b, logn_ctx=L), meth).max() > 10 * TOL
     if method == "ntk-mixed" and b != 1.0:
-        fixed = forward(m, toks, factors=methods.freq_factors("ntk-fixed", m.n_rot, K))
+        fixed = forward(m, toks, method="ntk-fixed", k=K)
         assert rel_err(meth, fixed).max() > 10 * TOL
 
 
@@ -302,7 +312,7 @@ def test_llama_cpp_linear(models, arch):
     m = models[arch]
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks, rope_freq_scale=1.0 / K)
-    assert_close(got, forward(m, toks, factors=methods.freq_factors("linear", m.n_rot, K)), f"{arch} linear")
+    assert_close(got, forward(m, toks, method="linear", k=K), f"{arch} linear")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
@@ -312,7 +322,7 @@ def test_llama_cpp_ntk_as_base(models, arch):
     toks = tokens_for(m)
     d = m.n_rot
     got = run_llama_cpp(m, toks, rope_freq_base=m.freq_base * K ** (d / (d - 2)))
-    assert_close(got, forward(m, toks, factors=methods.freq_factors("ntk", d, K)), f"{arch} ntk-as-base")
+    assert_close(got, forward(m, toks, method="ntk", k=K), f"{arch} ntk-as-base")
 
 
 def test_llama_cpp_rope_freqs_tensor(tmp_path):
@@ -320,7 +330,7 @@ def test_llama_cpp_rope_freqs_tensor(tmp_path):
     rf = np.linspace(1.0, 3.0, 8).astype(np.float32)
     m = write_tiny_llama(tmp_path / "rf.gguf", seed=13, rope_freqs=rf)
     toks = tokens_for(m)
-    plain = forward(m, toks, factors=None)
+    plain = forward(m, toks)
     got = run_llama_cpp(m, toks)
     assert_close(got, plain, "llama rope_freqs")
 
@@ -355,7 +365,7 @@ def test_patched_method_by_overrides(models, arch, method, b, logn):
     toks = tokens_for(m)
     kv = _overrides(arch, method, K, b if method == "ntk-mixed" else None, logn)
     got = run_llama_cpp(m, toks, kv_overrides=kv)
-    ref = forward(m, toks, factors=methods.freq_factors(method, m.n_rot, K, b), logn_ctx=L if logn else 0)
+    ref = forward(m, toks, method=method, k=K, b=b, logn_ctx=L if logn else 0)
     assert_close(got, ref, f"{arch} {method} b={b} logn={logn} (overrides)")
 
 
@@ -367,19 +377,18 @@ def test_patched_method_from_file(tmp_path, arch, logn):
     m = WRITERS[arch](tmp_path / f"{arch}.gguf", seed=21, extra_kv=extra)
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks)
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, K, 0.625), logn_ctx=L if logn else 0)
+    ref = forward(m, toks, method="ntk-mixed", k=K, b=0.625, logn_ctx=L if logn else 0)
     assert_close(got, ref, f"{arch} ntk-mixed from file logn={logn}")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_patched_auto_factor(models, arch):
-    """No factor key: k = max(1, n_ctx / L) = 4; no exponent key: b = 0.625."""
+    """No factor key: k = max(1, n_ctx / L) = 256 / 64 = 4; no exponent key: b = 0.625."""
     require_patched()
     m = models[arch]
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks, kv_overrides=_overrides(arch, "ntk-mixed", None, None, False))
-    k = methods.auto_factor(N_CTX, L)
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, k))
+    ref = forward(m, toks, method="ntk-mixed", k=N_CTX / L, b=0.625)
     assert_close(got, ref, f"{arch} ntk-mixed auto factor")
 
 
@@ -399,7 +408,7 @@ def test_patched_composes_with_rope_freqs(tmp_path):
     m = write_tiny_llama(tmp_path / "rf.gguf", seed=13, rope_freqs=rf)
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks, kv_overrides=_overrides("llama", "ntk-mixed", K, 0.625, True))
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, K, 0.625), logn_ctx=L)
+    ref = forward(m, toks, method="ntk-mixed", k=K, b=0.625, logn_ctx=L)
     assert_close(got, ref, "llama rope_freqs x ntk-mixed + logn")
 
 
@@ -409,7 +418,7 @@ def test_patched_chunked_decode(models, arch):
     m = models[arch]
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks, n_batch=64, kv_overrides=_overrides(arch, "ntk-mixed", K, 0.625, True))
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, K, 0.625), logn_ctx=L)
+    ref = forward(m, toks, method="ntk-mixed", k=K, b=0.625, logn_ctx=L)
     assert_close(got, ref, f"{arch} ntk-mixed + logn chunked")
 
 
@@ -420,7 +429,7 @@ def test_patched_flash_attn(models, arch):
     m = models[arch]
     toks = tokens_for(m)
     got = run_llama_cpp(m, toks, flash_attn=True, kv_overrides=_overrides(arch, "ntk-mixed", K, 0.625, True))
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, K, 0.625), logn_ctx=L)
+    ref = forward(m, toks, method="ntk-mixed", k=K, b=0.625, logn_ctx=L)
     assert_close(got, ref, f"{arch} ntk-mixed + logn flash-attn")
 
 
@@ -437,7 +446,7 @@ def test_patched_unserved_arch_refuses_or_is_exact(models):
         # refused at load; the same file without the method loads (the refusal is the method's)
         assert_close(run_llama_cpp(m, toks), forward(m, toks), "qwen2vl plain after refusal")
         return
-    ref = forward(m, toks, factors=methods.freq_factors("ntk-mixed", m.n_rot, K, 0.625), logn_ctx=L)
+    ref = forward(m, toks, method="ntk-mixed", k=K, b=0.625, logn_ctx=L)
     assert_close(got, ref, "qwen2vl ntk-mixed + logn")
 
 

@@ -1,35 +1,104 @@
 """An independent float64 torch forward pass of the tiny models of ``tests/tiny_models.py``.
 
-It implements the math directly (no llama.cpp, no ``methods.rope_reference``) so that the
-patched llama.cpp can be compared with a second implementation:
+It is independent of the code under test: nothing here comes from ``ggufrope`` (no
+``methods.freq_factors``, ``inv_freq``, ``logn_scale`` or ``rope_reference``). The
+frequencies and the log-n scale are transcribed from the seeds (``../shared/seeds/``):
 
-embeddings -> per layer [RMSNorm -> q, k, v (+ bias for qwen2) -> RoPE with
-θ_i(p) = p · inv_freq_i (``methods.inv_freq`` with the method's divisors) -> log-n:
-q · s(p) after RoPE -> causal GQA attention, scale 1/sqrt(head_dim) -> o proj -> residual
--> RMSNorm -> SwiGLU -> residual] -> final RMSNorm -> lm head.
+- ``none``: ``inv_freq = base ** (-arange(0, d, 2) / d)`` (RoPE; seed 001 eq. 2);
+- ``linear`` (PI): ``inv_freq / k`` (seed 004);
+- ``ntk`` (NTK-aware, seed 001): the same with ``base' = base * k ** (d / (d - 2))``;
+- ``ntk-mixed`` (seed 000 eq. 7, Su's own code): ``inv_freq *= exp(-a * arange(1, d/2 + 1) ** b)``
+  with ``a = ln(k) / (d/2) ** b`` (from the constraint ``a (d/2)^b = log k``);
+- ``ntk-fixed`` (seed 000 eq. 5): ``ntk-mixed`` with ``b = 1``;
+- log-n (seed 000, Table 2, "only applied beyond the pretraining max length"):
+  ``s(p) = max(1, log_L(n))`` with ``n = p + 1`` tokens seen by the query at 0-based position p.
+
+Network (llama, qwen2, qwen2vl): embeddings -> per layer [RMSNorm -> q, k, v (+ bias for
+qwen2) -> RoPE with θ_i(p) = p · inv_freq_i -> log-n: q · s(p) after RoPE -> causal GQA
+attention, scale 1/sqrt(head_dim) -> o proj -> residual -> RMSNorm -> SwiGLU -> residual]
+-> final RMSNorm -> lm head.
+
+gemma3 (:func:`forward_gemma3`): embeddings · sqrt(n_embd) -> per layer [RMSNorm -> q, k, v ->
+per-head RMSNorm of q and k -> RoPE (NEOX) -> q · 1/sqrt(head_dim) -> causal attention (SWA
+layers: also only keys at distance < n_swa) -> o proj -> RMSNorm (post-attention) ->
+residual -> RMSNorm -> GELU(tanh)-gated FFN (through ggml's float16 GELU table by default, as
+llama.cpp's CPU backend computes it) -> RMSNorm (post-FFN) -> residual] -> final
+RMSNorm -> lm head. Global layers use the file's base with the method's frequencies and
+log-n; sliding-window layers use the SWA base, plain RoPE and no log-n (stock llama.cpp and
+transformers scale global layers only).
 
 RoPE layout is llama.cpp's on the stored weights: ``llama`` NORMAL (pairs (2i, 2i+1)),
-``qwen2`` / ``qwen2vl`` NEOX (pairs (i, i + d/2)); for text tokens qwen2vl's multi-section
-rope gives every section the same position, which is NEOX rope when section 3 is empty.
+``qwen2`` / ``qwen2vl`` / ``gemma3`` NEOX (pairs (i, i + d/2)); for text tokens qwen2vl's
+multi-section rope gives every section the same position, which is NEOX rope when section 3
+is empty.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-
-from ggufrope import methods
 
 if TYPE_CHECKING:  # only for annotations: any object with TinyModel's fields will do
     from tiny_models import TinyModel
 
 DT = torch.float64
 
+#: seed 000: "b = 0.625 is an empirical value" for NTK-RoPE-mixed
+SEED_B = 0.625
+
+#: the methods :func:`seed_inv_freq` knows
+SEED_METHODS = ("none", "linear", "ntk", "ntk-fixed", "ntk-mixed")
+
 
 def _t(a: np.ndarray) -> torch.Tensor:
     return torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=DT)
+
+
+def _arange(*args) -> torch.Tensor:
+    return torch.arange(*args, dtype=DT)
+
+
+# ----------------------------------------------------------------------------- the seeds' formulas
+
+
+def seed_inv_freq(method: str, d: int, base: float, k: float = 1.0, b: float = SEED_B) -> torch.Tensor:
+    """θ_i / p in radians per token for pairs i = 0 .. d/2-1, transcribed from the seeds.
+
+    ``method``: one of :data:`SEED_METHODS`; ``d``: rotary dims; ``base``: β; ``k``: the
+    extension factor; ``b``: NTK-RoPE-mixed's exponent (ignored by the other methods).
+    """
+    if method not in SEED_METHODS:
+        raise ValueError(f"unknown method {method!r} (known: {', '.join(SEED_METHODS)})")
+    if method == "ntk":  # seed 001: a factor λ = k^(2/(d-2)) on the per-digit base, base' = base·k^(d/(d-2))
+        base = base * k ** (d / (d - 2))
+    inv_freq = base ** (-_arange(0, d, 2) / d)
+    if method == "linear":  # position interpolation: n -> n/k
+        inv_freq = inv_freq / k
+    elif method in ("ntk-fixed", "ntk-mixed"):
+        if method == "ntk-fixed":  # seed 000: "When b = 1 ... we denote as NTK-RoPE-fixed"
+            b = 1.0
+        a = math.log(k) / (d / 2) ** b  # a (d/2)^b = log k
+        inv_freq = inv_freq * torch.exp(-a * _arange(1, d / 2 + 1) ** b)  # λ_1···λ_m = exp(a m^b)
+    return inv_freq
+
+
+def seed_freq_factors(method: str, d: int, k: float, b: float = SEED_B) -> np.ndarray:
+    """The per-pair divisors ff_i = θ_i(plain) / θ_i(method) implied by :func:`seed_inv_freq`
+    (independent of the base), float64, shape ``(d/2,)``."""
+    base = 10000.0
+    return (seed_inv_freq("none", d, base) / seed_inv_freq(method, d, base, k, b)).numpy()
+
+
+def seed_logn_scale(pos: torch.Tensor | Sequence[int] | np.ndarray, L: int) -> torch.Tensor:
+    """s(p) = max(1, log_L(p + 1)) for 0-based positions (seed 000, Table 2)."""
+    n = torch.as_tensor(np.asarray(pos, dtype=np.float64), dtype=DT) + 1.0
+    return torch.clamp(torch.log(n) / math.log(L), min=1.0)
+
+
+# ----------------------------------------------------------------------------- building blocks
 
 
 def apply_rope(
@@ -42,7 +111,7 @@ def apply_rope(
     """Rotate ``x`` of shape ``(n_tokens, n_heads, head_dim)`` in place-free torch float64.
 
     ``pos``: ``(n_tokens,)`` positions; ``inv_freq``: ``(n_dims/2,)`` radians per token
-    (already divided by the method's factors); ``mode``: ``"normal"`` or ``"neox"``.
+    (:func:`seed_inv_freq`); ``mode``: ``"normal"`` or ``"neox"``.
     Channels >= n_dims pass through. ``logn``: optional ``(n_tokens,)`` multiplier applied
     to every channel after the rotation.
     """
@@ -70,14 +139,39 @@ def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
 
 
-def effective_factors(model: TinyModel, factors: np.ndarray | None) -> np.ndarray | None:
-    """Per-pair divisors llama.cpp applies: the method's ``factors`` times the file's
-    ``rope_freqs`` (llama only; qwen2's graph passes no rope factors)."""
-    ff = None if factors is None else np.asarray(factors, dtype=np.float64)
+def rope_inv_freq(
+    model: TinyModel, method: str = "none", k: float = 1.0, b: float = SEED_B, freq_base: float | None = None
+) -> torch.Tensor:
+    """The radians per token llama.cpp uses for ``model``'s (global) layers: the seed's
+    frequencies of ``method`` at the file's β (or ``freq_base``), divided by the file's
+    ``rope_freqs`` tensor where the graph passes it (llama only; qwen2's and gemma3's graphs
+    pass no rope factors)."""
+    base = model.freq_base if freq_base is None else float(freq_base)
+    inv = seed_inv_freq(method, model.n_rot, base, k, b)
     if model.rope_freqs is not None and model.arch == "llama":
-        rf = np.asarray(model.rope_freqs, dtype=np.float64)
-        ff = rf if ff is None else ff * rf
-    return ff
+        inv = inv / _t(model.rope_freqs)
+    return inv
+
+
+def _positions(tokens: Sequence[int], positions: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    tok = torch.as_tensor(list(tokens), dtype=torch.long)
+    n = tok.shape[0]
+    pos_np = np.arange(n, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
+    if pos_np.shape != (n,):
+        raise ValueError("positions must have one entry per token")
+    return tok, torch.as_tensor(pos_np, dtype=DT)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """GQA attention: ``q`` (T, nh, hd), ``k``/``v`` (T, nkv, hd), ``visible`` (T_q, T_k) bool.
+    Query head j reads kv head j // (nh / nkv) (ggml's broadcast, HF's repeat_kv)."""
+    n, nh, hd = q.shape
+    group = nh // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    att = torch.einsum("qhd,khd->hqk", q, k) * scale
+    att = att.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", att, v).reshape(n, nh * hd)
 
 
 def forward(
@@ -85,54 +179,127 @@ def forward(
     tokens: Sequence[int],
     positions: Sequence[int] | None = None,
     *,
-    factors: np.ndarray | None = None,
+    method: str = "none",
+    k: float = 1.0,
+    b: float = SEED_B,
     logn_ctx: int = 0,
     freq_base: float | None = None,
+    **kw,
 ) -> np.ndarray:
     """Logits ``(n_tokens, n_vocab)`` float64 of ``model`` on ``tokens``.
 
-    ``positions`` default to ``0 .. n_tokens-1``; attention is causal in token order.
-    ``factors``: per-pair divisors ``(n_rot/2,)`` of the context-extension method
-    (``methods.freq_factors``), composed with the file's ``rope_freqs``; ``None`` is plain
-    RoPE. ``logn_ctx`` = L > 0 multiplies each query by ``methods.logn_scale(p, L)`` after
-    RoPE. ``freq_base`` overrides the file's β (stock ``rope_freq_base``).
+    ``positions`` default to ``0 .. n_tokens-1``; attention is causal in position order.
+    ``method``, ``k``, ``b``: the context-extension method (:func:`seed_inv_freq`), composed
+    with the file's ``rope_freqs``; ``none`` is plain RoPE. ``logn_ctx`` = L > 0 multiplies
+    each query by s(p) = max(1, log_L(p+1)) after RoPE. ``freq_base`` overrides the file's β
+    (stock ``rope_freq_base``). A ``gemma3`` model goes to :func:`forward_gemma3` (``kw``).
     """
-    tok = torch.as_tensor(list(tokens), dtype=torch.long)
+    if model.arch == "gemma3":
+        return forward_gemma3(model, tokens, positions, method=method, k=k, b=b, logn_ctx=logn_ctx,
+                              freq_base=freq_base, **kw)
+    if kw:
+        raise TypeError(f"unexpected arguments {sorted(kw)}")
+    tok, pos = _positions(tokens, positions)
     n = tok.shape[0]
-    pos_np = np.arange(n) if positions is None else np.asarray(positions, dtype=np.int64)
-    if pos_np.shape != (n,):
-        raise ValueError("positions must have one entry per token")
-    pos = torch.as_tensor(pos_np, dtype=DT)
-
     hd, nh, nkv = model.head_dim, model.n_head, model.n_head_kv
-    group = nh // nkv
-    base = model.freq_base if freq_base is None else float(freq_base)
-    inv = _t(methods.inv_freq(model.n_rot, base, effective_factors(model, factors)))
-    logn = _t(methods.logn_scale(pos_np, logn_ctx)) if logn_ctx else None
+    inv = rope_inv_freq(model, method, k, b, freq_base)
+    logn = seed_logn_scale(pos, logn_ctx) if logn_ctx else None
     mode = model.rope_mode
     eps = model.rms_eps
 
     x = _t(model.tok_embd)[tok]  # (T, n_embd)
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    causal = pos[None, :] <= pos[:, None]
     for L in model.layers:
         h = _rms_norm(x, _t(L.attn_norm), eps)
         q = h @ _t(L.wq).T
-        k = h @ _t(L.wk).T
+        kk = h @ _t(L.wk).T
         v = h @ _t(L.wv).T
         if L.bq is not None:
-            q, k, v = q + _t(L.bq), k + _t(L.bk), v + _t(L.bv)
+            q, kk, v = q + _t(L.bq), kk + _t(L.bk), v + _t(L.bv)
         q = apply_rope(q.view(n, nh, hd), pos, inv, mode, logn)
-        k = apply_rope(k.view(n, nkv, hd), pos, inv, mode)
-        v = v.view(n, nkv, hd)
-        # GQA: query head j reads kv head j // group (ggml's broadcast, HF's repeat_kv)
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-        att = torch.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
-        att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-        o = torch.einsum("hqk,khd->qhd", att, v).reshape(n, nh * hd)
+        kk = apply_rope(kk.view(n, nkv, hd), pos, inv, mode)
+        o = _attend(q, kk, v.view(n, nkv, hd), causal, 1.0 / math.sqrt(hd))
         x = x + o @ _t(L.wo).T
         h = _rms_norm(x, _t(L.ffn_norm), eps)
         g = torch.nn.functional.silu(h @ _t(L.ffn_gate).T) * (h @ _t(L.ffn_up).T)
         x = x + g @ _t(L.ffn_down).T
+    x = _rms_norm(x, _t(model.output_norm), eps)
+    return (x @ _t(model.output).T).numpy()
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU, tanh approximation (gemma's ``gelu_pytorch_tanh``; ggml's ``ggml_gelu``)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def gelu_tanh_f16_table(x: torch.Tensor) -> torch.Tensor:
+    """GELU as ggml's CPU backend computes it (``GGML_GELU_FP16``, ``ggml-cpu/vec.h``): the input
+    rounded to float16 indexes a table of float16 results; x <= -10 gives 0, x >= 10 gives x.
+    The table's rounding is a relative 2^-11 per element, about 2.6e-3 relative on the tiny
+    gemma3's logits against the exact GELU; modelled here it leaves about 3e-4 (inputs that
+    round to the neighbouring float16 in float32 and float64)."""
+    h = torch.float16
+    y = gelu_tanh(x.to(h).to(DT)).to(h).to(DT)
+    return torch.where(x <= -10.0, torch.zeros_like(x), torch.where(x >= 10.0, x, y))
+
+
+def forward_gemma3(
+    model: TinyModel,
+    tokens: Sequence[int],
+    positions: Sequence[int] | None = None,
+    *,
+    method: str = "none",
+    k: float = 1.0,
+    b: float = SEED_B,
+    logn_ctx: int = 0,
+    freq_base: float | None = None,
+    scale_swa: bool = False,
+    gelu_f16: bool = True,
+) -> np.ndarray:
+    """Logits ``(n_tokens, n_vocab)`` float64 of a tiny ``gemma3`` model (module docstring).
+
+    Global layers (``not model.swa_layers[il]``): base β (``freq_base`` overrides it), the
+    method's frequencies, log-n when ``logn_ctx`` > 0. Sliding-window layers: the SWA base,
+    plain RoPE, no log-n, and a query at position p sees keys at p' with 0 <= p - p' < n_swa
+    (llama.cpp's ``LLAMA_SWA_TYPE_STANDARD``). ``scale_swa=True`` is the wrong rule (the
+    method and log-n applied to the SWA layers too, at the SWA base), for tests that need
+    to tell the two apart. ``gelu_f16``: GELU through ggml's CPU float16 table
+    (:func:`gelu_tanh_f16_table`), else the exact GELU (other backends).
+    """
+    tok, pos = _positions(tokens, positions)
+    n = tok.shape[0]
+    hd, nh, nkv = model.head_dim, model.n_head, model.n_head_kv
+    eps = model.rms_eps
+    mode = model.rope_mode
+    base = model.freq_base if freq_base is None else float(freq_base)
+    base_swa = model.freq_base_swa if model.freq_base_swa is not None else base
+    logn = seed_logn_scale(pos, logn_ctx) if logn_ctx else None
+    inv_global = seed_inv_freq(method, model.n_rot, base, k, b)
+    if scale_swa:
+        inv_swa, logn_swa = seed_inv_freq(method, model.n_rot, base_swa, k, b), logn
+    else:
+        inv_swa, logn_swa = seed_inv_freq("none", model.n_rot, base_swa), None
+    dist = pos[:, None] - pos[None, :]  # query position - key position
+    causal = dist >= 0
+    window = causal & (dist < model.n_swa)
+
+    gelu = gelu_tanh_f16_table if gelu_f16 else gelu_tanh
+
+    x = _t(model.tok_embd)[tok] * math.sqrt(model.n_embd)
+    for il, L in enumerate(model.layers):
+        swa = model.swa_layers[il]
+        inv, ln, visible = (inv_swa, logn_swa, window) if swa else (inv_global, logn, causal)
+        h = _rms_norm(x, _t(L.attn_norm), eps)
+        q = _rms_norm((h @ _t(L.wq).T).view(n, nh, hd), _t(L.attn_q_norm), eps)
+        kk = _rms_norm((h @ _t(L.wk).T).view(n, nkv, hd), _t(L.attn_k_norm), eps)
+        v = (h @ _t(L.wv).T).view(n, nkv, hd)
+        q = apply_rope(q, pos, inv, mode, ln)
+        kk = apply_rope(kk, pos, inv, mode)
+        q = q * (1.0 / math.sqrt(hd))  # query_pre_attn_scalar = head_dim (llama.cpp: f_attention_scale)
+        o = _attend(q, kk, v, visible, 1.0)
+        x = x + _rms_norm(o @ _t(L.wo).T, _t(L.attn_post_norm), eps)
+        h = _rms_norm(x, _t(L.ffn_norm), eps)
+        g = gelu(h @ _t(L.ffn_gate).T) * (h @ _t(L.ffn_up).T)
+        x = x + _rms_norm(g @ _t(L.ffn_down).T, _t(L.ffn_post_norm), eps)
     x = _rms_norm(x, _t(model.output_norm), eps)
     return (x @ _t(model.output).T).numpy()
