@@ -6,7 +6,7 @@ weight as a float32 numpy array, so that ``tests/torch_reference.py`` can run th
 network independently.
 
 Layout conventions (checked against ``vendor/llama.cpp/src/llama-arch.cpp`` and
-``src/models/{llama,qwen2,qwen2vl}.cpp`` of llama-cpp-python 0.3.36):
+``src/models/{llama,qwen2,qwen2vl,gemma3}.cpp`` of llama-cpp-python 0.3.36):
 
 - A linear layer ``y = W x`` is stored as the numpy array ``W`` of shape ``(n_out, n_in)``;
   gguf-py writes the reversed shape, so ggml sees ``ne = [n_in, n_out]``, which is what
@@ -35,7 +35,7 @@ from gguf import GGUFValueType, GGUFWriter
 from ggufrope import keys as gkeys
 
 #: rope layout of each architecture, as llama.cpp applies it (``llama_model_rope_type``)
-ROPE_MODE = {"llama": "normal", "qwen2": "neox", "qwen2vl": "neox"}
+ROPE_MODE = {"llama": "normal", "qwen2": "neox", "qwen2vl": "neox", "gemma3": "neox"}
 
 N_SPECIAL = 4  # <unk>, <s>, </s>, <0x0A>
 UNK_ID, BOS_ID, EOS_ID, NL_ID = 0, 1, 2, 3
@@ -60,6 +60,11 @@ class TinyLayer:
     bq: np.ndarray | None = None  # (n_head * head_dim,) qwen2 only
     bk: np.ndarray | None = None  # (n_head_kv * head_dim,)
     bv: np.ndarray | None = None  # (n_head_kv * head_dim,)
+    # gemma3 only
+    attn_q_norm: np.ndarray | None = None  # (head_dim,) RMSNorm of each query head
+    attn_k_norm: np.ndarray | None = None  # (head_dim,) RMSNorm of each key head
+    attn_post_norm: np.ndarray | None = None  # (n_embd,) RMSNorm of the attention output
+    ffn_post_norm: np.ndarray | None = None  # (n_embd,) RMSNorm of the FFN output
 
 
 @dataclass
@@ -84,6 +89,10 @@ class TinyModel:
     rope_freqs: np.ndarray | None = None  # (n_rot // 2,) llama only: divides theta_i
     rope_sections: tuple[int, int, int, int] | None = None  # qwen2vl only
     extra_kv: dict[str, Any] = field(default_factory=dict)
+    # gemma3 only: the sliding window, which layers use it, and their rope base
+    n_swa: int = 0
+    swa_layers: tuple[bool, ...] = ()
+    freq_base_swa: float | None = None
 
     @property
     def head_dim(self) -> int:
@@ -387,4 +396,137 @@ def write_tiny_qwen2vl(
         n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
         freq_base=freq_base, rms_eps=rms_eps, qkv_bias=True, rope_sections=rope_sections,
         extra_kv=extra_kv,
+    )
+
+
+def write_tiny_gemma3(
+    path: str | Path,
+    *,
+    seed: int,
+    n_layer: int = 6,
+    n_embd: int = 64,
+    n_head: int = 4,
+    n_head_kv: int = 2,
+    n_ff: int = 128,
+    n_vocab: int = 96,
+    n_ctx_train: int = 64,
+    freq_base: float = 10000.0,
+    freq_base_swa: float | None = 1000.0,
+    n_swa: int = 24,
+    swa_pattern: int | None = 3,
+    rms_eps: float = 1e-6,
+    extra_kv: dict[str, Any] | None = None,
+) -> TinyModel:
+    """Write a tiny ``gemma3`` model (NEOX rope, GQA, F32, sliding-window layers); return it.
+
+    What llama.cpp's gemma3 graph (``src/models/gemma3.cpp``) reads: ``token_embd`` (scaled
+    by sqrt(n_embd) in the graph), per layer ``attn_norm``, ``attn_q/k/v``, ``attn_q_norm`` and
+    ``attn_k_norm`` (per-head RMSNorm, shape ``(head_dim,)``), ``attn_output``,
+    ``post_attention_norm``, ``ffn_norm``, ``ffn_gate/up/down`` (GELU-gated) and
+    ``post_ffw_norm``; ``output_norm``, ``output``. Queries are scaled by 1/sqrt(head_dim)
+    (``f_attention_scale`` for every size but 27B); no final logit soft-capping key is written.
+
+    Sliding window: ``{arch}.attention.sliding_window`` = ``n_swa`` turns SWA on; layer il is a
+    sliding-window layer when ``il % p < p - 1`` with p = ``swa_pattern``
+    (``llama_hparams::set_swa_pattern``), written as ``{arch}.attention.sliding_window_pattern``;
+    ``None`` writes no pattern key and llama.cpp takes gemma3's default p = 6. The SWA layers'
+    rope base is ``{arch}.rope.freq_base_swa`` = ``freq_base_swa`` (``None``: no key, the
+    global base). ``n_swa`` = 0 writes no window: every layer is global.
+    """
+    path = Path(path)
+    arch = "gemma3"
+    rng = np.random.default_rng(seed)
+    tok_embd, output_norm, output, layers = _random_model(
+        rng, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+        n_ff=n_ff, n_vocab=n_vocab, qkv_bias=False,
+    )
+    hd = n_embd // n_head
+    # the graph multiplies the embeddings by sqrt(n_embd): entries of std 1/sqrt(n_embd) give
+    # a residual stream of RMS ~1, the scale of the post-norm outputs added to it
+    tok_embd = (tok_embd / np.sqrt(n_embd)).astype(np.float32)
+
+    def norm_w(n, mean):
+        return (mean + rng.standard_normal(n) * 0.1).astype(np.float32)
+
+    for layer in layers:
+        # q, k are RMS-normalised per head: weights ~1.6 give attention logits of std ~2.5
+        # (q.k / sqrt(hd) with entries of RMS 1.6), position-sensitive but not saturated
+        layer.attn_q_norm = norm_w(hd, 1.6)
+        layer.attn_k_norm = norm_w(hd, 1.6)
+        layer.attn_post_norm = norm_w(n_embd, 1.0)
+        # a smaller FFN share of the residual: ggml's CPU GELU rounds through a float16 table,
+        # whose occasional off-by-one-f16 cells (float32 vs float64 inputs) are the tiny
+        # gemma3's main difference from the reference (max rel err ~6e-4 here, 1e-3 at 1.0)
+        layer.ffn_post_norm = norm_w(n_embd, 0.5)
+
+    if n_swa > 0:
+        p = 6 if swa_pattern is None else int(swa_pattern)
+        swa_layers = tuple(p == 0 or (il % p < p - 1) for il in range(n_layer))
+    else:
+        swa_layers = (False,) * n_layer
+
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_rope_dimension_count(hd)
+    w.add_rope_freq_base(float(freq_base))
+    w.add_layer_norm_rms_eps(float(rms_eps))
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # ALL_F32
+    if n_swa > 0:
+        w.add_sliding_window(int(n_swa))
+        if swa_pattern is not None:
+            w.add_sliding_window_pattern(int(swa_pattern))
+        if freq_base_swa is not None:
+            w.add_rope_freq_base_swa(float(freq_base_swa))
+
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+    extra = _add_extra_kv(w, arch, extra_kv)
+
+    w.add_tensor("token_embd.weight", tok_embd)
+    w.add_tensor("output_norm.weight", output_norm)
+    w.add_tensor("output.weight", output)
+    for i, L in enumerate(layers):
+        b = f"blk.{i}."
+        w.add_tensor(b + "attn_norm.weight", L.attn_norm)
+        w.add_tensor(b + "attn_q.weight", L.wq)
+        w.add_tensor(b + "attn_k.weight", L.wk)
+        w.add_tensor(b + "attn_v.weight", L.wv)
+        w.add_tensor(b + "attn_q_norm.weight", L.attn_q_norm)
+        w.add_tensor(b + "attn_k_norm.weight", L.attn_k_norm)
+        w.add_tensor(b + "attn_output.weight", L.wo)
+        w.add_tensor(b + "post_attention_norm.weight", L.attn_post_norm)
+        w.add_tensor(b + "ffn_norm.weight", L.ffn_norm)
+        w.add_tensor(b + "ffn_gate.weight", L.ffn_gate)
+        w.add_tensor(b + "ffn_up.weight", L.ffn_up)
+        w.add_tensor(b + "ffn_down.weight", L.ffn_down)
+        w.add_tensor(b + "post_ffw_norm.weight", L.ffn_post_norm)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    return TinyModel(
+        path=path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train,
+        freq_base=float(freq_base), rms_eps=float(np.float32(rms_eps)), tok_embd=tok_embd,
+        output_norm=output_norm, output=output, layers=layers, extra_kv=extra,
+        n_swa=int(n_swa) if n_swa > 0 else 0, swa_layers=swa_layers,
+        freq_base_swa=float(freq_base_swa) if (n_swa > 0 and freq_base_swa is not None) else None,
     )
