@@ -226,33 +226,61 @@ def long_document(min_chars: int = 50_000) -> str:
     return load_text(long_document_info(min_chars).name)
 
 
-def demo_text(max_chars: int = 52_000) -> str:
-    """The prompt of ``make demo``: the start of :func:`long_document`, cut at the last paragraph
-    break before ``max_chars`` characters (52,000 characters of Areopagitica are ~12,500
-    SmolLM2 tokens: beyond the trained 8192, inside n_ctx 16384)."""
-    text = long_document()
+#: the prompt of ``make demo`` per real model: (document, max characters). SmolLM2 (L = 8192):
+#: 52,000 characters of Areopagitica, ~12,500 tokens. Gemma 3 (L = 32768): 128,000 characters of
+#: Paradise Lost (Books I-IV), ~34,900 Gemma tokens (its tokenizer takes ~3.65 characters of it a
+#: token): beyond L, inside n_ctx 40960.
+DEMO_PROMPTS: dict[str, tuple[str, int]] = {
+    "smollm2": ("areopagitica", 52_000),
+    "gemma3": ("paradise_lost", 128_000),
+}
+
+
+def _cut(text: str, max_chars: int) -> str:
+    """``text`` cut before ``max_chars`` characters at a paragraph break in the last tenth, else at
+    a line break, else at ``max_chars``."""
     if len(text) <= max_chars:
         return text
     cut = text.rfind("\n\n", 0, max_chars)
+    if cut < max_chars * 9 // 10:
+        cut = text.rfind("\n", 0, max_chars)
     return text[: cut if cut > max_chars // 2 else max_chars].rstrip() + "\n"
 
 
+def demo_text(max_chars: int | None = None, model: str = "smollm2") -> str:
+    """The prompt of ``make demo`` for ``model`` (see :data:`DEMO_PROMPTS`): the start of its
+    document, cut at the last paragraph (else line) break before ``max_chars`` characters (default:
+    the model's). For SmolLM2, 52,000 characters of Areopagitica are ~12,500 tokens: beyond the
+    trained 8192, inside n_ctx 16384."""
+    try:
+        name, default_chars = DEMO_PROMPTS[model]
+    except KeyError:
+        raise GGUFRopeError(f"no demo prompt for model {model!r}; choose one of: {', '.join(DEMO_PROMPTS)}") from None
+    text = long_document() if model == "smollm2" else load_text(name)
+    return _cut(text, default_chars if max_chars is None else max_chars)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ggufrope.corpus [--demo-text PATH]``: fetch the corpus and list it (name,
-    chars, title), or write :func:`demo_text` to PATH."""
+    """``python -m ggufrope.corpus [--demo-text PATH [--model NAME]]``: fetch the corpus and list it
+    (name, chars, title), or write :func:`demo_text` of the model (default smollm2) to PATH."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        if argv[:1] == ["--demo-text"] and len(argv) == 2:
-            text = demo_text()
+        if argv[:1] == ["--demo-text"] and len(argv) in (2, 4) and (len(argv) == 2 or argv[2] == "--model"):
+            model = argv[3] if len(argv) == 4 else "smollm2"
+            text = demo_text(model=model)
             with open(argv[1], "w", encoding="utf-8") as f:
                 f.write(text)
-            print(f"wrote {argv[1]}: {len(text)} characters of {long_document_info().title}")
+            title = get(DEMO_PROMPTS[model][0]).title if model != "smollm2" else long_document_info().title
+            print(f"wrote {argv[1]}: {len(text)} characters of {title}")
             return 0
+        if argv:
+            raise GGUFRopeError(f"unexpected arguments: {' '.join(argv)} "
+                                "(usage: python -m ggufrope.corpus [--demo-text PATH [--model NAME]])")
         fetch()
         for doc in all_documents():
             n = len(load_text(doc.name))
             print(f"{doc.name:14s} {n:8d} chars  {'long' if doc.long else 'demo':4s}  {doc.title}")
-    except GGUFRopeError as exc:
+    except (GGUFRopeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

