@@ -102,14 +102,22 @@ def test_reference_properties(gemma3):
 # ----------------------------------------------------------------------------- (a) stock: method none
 
 
-@pytest.mark.parametrize("n_batch,swa_full", [(512, None), (64, False)], ids=["one-batch", "chunked-small-swa-cache"])
-def test_plain_matches_reference(gemma3, n_batch, swa_full):
+#: chunked runs: 512 tokens in 64-token ubatches with the small SWA cache (swa_full=False:
+#: n_swa + n_ubatch cells padded to 256, so SWA cells are reused past position 256)
+N_LONG = 512
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-batch", "chunked-small-swa-cache"])
+def test_plain_matches_reference(gemma3, chunked):
     """Method none: llama.cpp's gemma3 graph equals the reference (the reference is right)."""
     m = gemma3
-    toks = tokens_for(m)
-    kw = {} if swa_full is None else {"swa_full": swa_full}
-    got = run_llama_cpp(m, toks, n_batch=n_batch, **kw)
-    assert_close(got, ref(m, toks), f"gemma3 plain n_batch={n_batch}", tol=TOL)
+    if chunked:
+        toks = tokens_for(m, N_LONG)
+        got = run_llama_cpp(m, toks, n_ctx=N_LONG, n_batch=64, swa_full=False)
+    else:
+        toks = tokens_for(m)
+        got = run_llama_cpp(m, toks)
+    assert_close(got, ref(m, toks), f"gemma3 plain chunked={chunked}", tol=TOL)
 
 
 # ----------------------------------------------------------------------------- (b) patched: global layers only
@@ -132,11 +140,12 @@ def test_method_applies_to_global_layers_only(gemma3, method, logn):
 
 
 def test_method_chunked_small_swa_cache(gemma3):
-    """The same with 64-token ubatches and the small SWA cache (cells reused past the window)."""
+    """The same over 512 tokens in 64-token ubatches with the small SWA cache (cells reused)."""
     require_patched()
     m = gemma3
-    toks = tokens_for(m)
-    got = run_llama_cpp(m, toks, n_batch=64, swa_full=False, kv_overrides=_overrides("gemma3", "ntk-mixed", K, B, True))
+    toks = tokens_for(m, N_LONG)
+    got = run_llama_cpp(m, toks, n_ctx=N_LONG, n_batch=64, swa_full=False,
+                        kv_overrides=_overrides("gemma3", "ntk-mixed", K, B, True))
     assert_close(got, ref(m, toks, method="ntk-mixed", k=K, b=B, logn_ctx=L), "gemma3 ntk-mixed+logn chunked", tol=TOL)
 
 
