@@ -8,13 +8,13 @@ SWA layers.
 
 The model: 6 layers, SWA pattern 3 (layers 2 and 5 global), window 24, L = 64, global base
 10000, SWA base 1000, head_dim 16; llama.cpp runs 256 tokens (positions up to 4·L, ten
-windows).
+windows), and 512 in 64-token ubatches with the small SWA cache.
 
 Tolerance: 2e-3 (max over positions of ||a - b|| / ||b||), twice the other tiny models'.
 ggml's CPU GELU reads a float16 table; the reference models that table, and what is left is
 inputs that round to the neighbouring float16 cell in float32 (llama.cpp) and float64 (the
 reference): measured max 2.2e-4 .. 5.8e-4 on seeds 1-3 for none, none + log-n and
-ntk-mixed + log-n. Every difference the tests tell apart is above 0.1 (asserted; measured
+ntk-mixed + log-n (4.5e-4 for the 512-token chunked run). Every difference the tests tell apart is above 0.1 (asserted; measured
 0.3 .. 1.7).
 """
 
@@ -128,8 +128,8 @@ CASES = [("ntk-mixed", True), ("ntk-mixed", False), ("none", True)]
 @pytest.mark.parametrize("method,logn", CASES, ids=["ntk-mixed+logn", "ntk-mixed", "none+logn"])
 def test_method_applies_to_global_layers_only(gemma3, method, logn):
     """ntk-mixed and/or log-n by kv overrides: the SWA layers keep plain RoPE at their own base
-    and no log-n. (Fails on a library that scales the SWA layers too: today's measured rel
-    err against this reference is 0.9 .. 1.6, and 5e-4 .. 1.1e-3 against ``scale_swa=True``.)"""
+    and no log-n. (A library that scales the SWA layers too, as the patch did before this rule,
+    is off by 0.7 .. 1.6 here; it matched ``scale_swa=True`` to 5e-4 .. 1.1e-3.)"""
     require_patched()
     m = gemma3
     toks = tokens_for(m)
