@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 
 from ggufrope import keys as Kk
-from ggufrope import methods
 from test_reference_forward import K, L, N_CTX, assert_close, run_llama_cpp, tokens_for
 from tiny_models import write_tiny_llama, write_tiny_qwen2, write_tiny_qwen2vl
 from torch_reference import forward
