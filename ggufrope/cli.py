@@ -141,8 +141,8 @@ _METHOD_HELP = (
     type=float,
     default=None,
     metavar="K",
-    help="Extension factor k >= 1. Left out: the library takes k = max(1, n_ctx / L) when "
-    "the context is created (L = the trained context).",
+    help="Extension factor k >= 1. Left out: auto, the library takes k = max(1, n_ctx_seq / L) when "
+    "the context is created (n_ctx_seq: n_ctx per sequence, rounded up to 256; L = the trained context).",
 )
 @click.option(
     "--logn/--no-logn",
@@ -226,7 +226,7 @@ def _show_text(meta: dict[str, Any]) -> str:
             f"version {meta['gguf_version']}, {meta['endian']}-endian, {meta['tensor_count']} tensors, "
             f"{meta['kv_count']} keys, data at offset {meta['data_offset']}",
         ),
-        ("architecture", meta["architecture"] + ("" if meta["has_rope"] else "  (no RoPE)")),
+        ("architecture", meta["architecture"] + ("" if meta["has_rope"] else "  (no rope keys)")),
         ("n_ctx_orig L", opt(meta["n_ctx_orig"], meta["n_ctx_orig_key"])),
         ("freq_base", opt(meta["freq_base"], None, f32_repr)),
         ("rope dims", opt(meta["rope_dims"], meta["rope_dims_source"])),
@@ -306,17 +306,19 @@ def _run_options(f: Any) -> Any:
                      help="Context size n_ctx in tokens."),
         click.option("-m", "--method", default=None, metavar="METHOD", help=_RUN_METHOD_HELP),
         click.option("-k", "--factor", type=float, default=None, metavar="K",
-                     help="Factor k >= 1 for --method. Left out: max(1, n_ctx / L)."),
-        click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
-                     help="Exponent b of ntk-mixed."),
-        click.option("--logn/--no-logn", default=None, help="log-n query scaling beyond L (default: MODEL's metadata)."),
+                     help="Factor k >= 1 for --method. Left out: auto (the NTK family: llama.cpp takes "
+                     "max(1, n_ctx_seq / L) when the context is created; linear, yarn: max(1, n_ctx / L))."),
+        click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
+                     help="Exponent b of ntk-mixed, 0 < b <= 1.  [default: 0.625]"),
+        click.option("--logn/--no-logn", default=None,
+                     help="log-n query scaling beyond L (default: MODEL's metadata; alone, it keeps MODEL's method, k and b)."),
     ] + _DEVICE_OPTIONS
     for o in reversed(opts):
         f = o(f)
     return f
 
 
-def _load(model: str, n_ctx: int, method: str | None, factor: float | None, exponent: float,
+def _load(model: str, n_ctx: int, method: str | None, factor: float | None, exponent: float | None,
           logn: bool | None, gpu_layers: int, threads: int | None, verbose: bool) -> Any:
     from .runtime import describe, load
 
@@ -325,8 +327,7 @@ def _load(model: str, n_ctx: int, method: str | None, factor: float | None, expo
         kw["n_threads"] = kw["n_threads_batch"] = threads
     llm = load(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx,
                n_gpu_layers=gpu_layers, verbose=verbose, **kw)
-    click.echo(f"[ggufrope] {describe(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx)}",
-               err=True)
+    click.echo(f"[ggufrope] {describe(llm)}", err=True)  # the k in use, read back from the context
     return llm
 
 
@@ -419,9 +420,9 @@ def _eval_method_options(f: Any) -> Any:
         click.option("-m", "--method", default="none", show_default=True, metavar="METHOD",
                      help="none, linear, yarn, ntk, ntk-fixed, ntk-mixed (alias mixed)."),
         click.option("-k", "--factor", type=float, default=None, metavar="K",
-                     help="Factor k >= 1. Left out: max(1, n_ctx / L)."),
-        click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
-                     help="Exponent b of ntk-mixed."),
+                     help="Factor k >= 1. Left out: max(1, n_ctx / L), passed to every method alike."),
+        click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
+                     help="Exponent b of ntk-mixed, 0 < b <= 1.  [default: 0.625]"),
         click.option("--logn/--no-logn", default=False, show_default=True, help="log-n query scaling beyond L."),
     ]
     for o in reversed(opts):
@@ -440,17 +441,10 @@ def _eval_engine_options(f: Any) -> Any:
     return f
 
 
-def _setting(method: str, factor: float | None, exponent: float, logn: bool) -> Any:
-    from .evaluate import Setting
-    from .methods import check_exponent, check_factor
+def _say_rope(llm: Any) -> None:
+    from .runtime import describe
 
-    try:
-        if factor is not None:
-            check_factor(factor)
-        check_exponent(exponent)
-    except ValueError as e:
-        raise GGUFRopeError(str(e)) from None
-    return Setting(method, factor, exponent, logn)
+    click.echo(f"[ggufrope] {describe(llm)}", err=True)
 
 
 def _fmt_ppl(x: float | None) -> str:
@@ -469,7 +463,7 @@ def _fmt_ppl(x: float | None) -> str:
               help="First scored position of each window.  [default: n_ctx/2, as llama-perplexity]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
-def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float, logn: bool,
+def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float | None, logn: bool,
                  texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
                  n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
@@ -483,10 +477,11 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
     L = E.n_ctx_orig_of(model)
     n_ctx = n_ctx or 2 * L
     E.check_score_from(n_ctx, score_from)
-    st = _setting(method, factor, exponent, logn)
+    st = E.Setting(method, factor, exponent, logn)
     txts = E.resolve_texts(texts)
     llm = E.load_model(model, st, n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
                        threads=threads, verbose=verbose)
+    _say_rope(llm)
     out: dict[str, Any] = {"model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "method": st.label(n_ctx, L),
                            "score_from": n_ctx // 2 if score_from is None else score_from, "texts": {}}
     allw = []
@@ -521,7 +516,8 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
 @click.option("--n-gen", type=click.IntRange(min=6), default=10, show_default=True, help="Tokens decoded greedily.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
-def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float, logn: bool,
+def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
+                     logn: bool,
                      trials: int, seed: int, depths: str, n_gen: int, as_json: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
@@ -531,11 +527,12 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
     L = E.n_ctx_orig_of(model)
     ctxs = E.parse_ints(n_ctxs) if n_ctxs else [2 * L]
     ds = E.parse_depths(depths)
-    st = _setting(method, factor, exponent, logn)
+    st = E.Setting(method, factor, exponent, logn)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
     for c in ctxs:
         llm = E.load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
                            threads=threads, verbose=verbose)
+        _say_rope(llm)
         with E.Decoder(llm) as dec:
             r = E.passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
                           desc=f"passkey {c}")
@@ -594,7 +591,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
     ms = E.parse_methods(methods)
     lns = E.parse_logn(logn_spec)
     ds = E.parse_depths(depths)
-    _setting("none", factor, exponent, False)
+    for m in ms:  # the registry's checks of k and b, before anything runs
+        E.Setting.for_grid(m, factor, exponent, False)
     txts = [] if no_ppl else E.resolve_texts(texts)
     if not txts and trials == 0:
         raise GGUFRopeError("nothing to run: --no-ppl with --trials 0")

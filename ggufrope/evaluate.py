@@ -5,6 +5,16 @@ Every method is applied at load time through :func:`ggufrope.runtime.load` (kv o
 the NTK family and log-n, llama.cpp's own context parameters for ``linear`` and ``yarn``);
 no file is rewritten.
 
+**The factor k.** The evaluation compares methods at one k per context: left out, k is
+max(1, n_ctx / L) for every method that takes one (:func:`ggufrope.methods.auto_factor`, the
+rule by which Python chooses k for the stock methods linear and yarn), and it is passed to
+the library explicitly, for the NTK family too, so that a unit's k is known before any model
+is loaded (it is part of the cache key) and is the same for stock and NTK-family methods. The
+windows of the evaluation are exactly n_ctx tokens, so k maps the window onto L. After each
+load the k in use is read back from the library (:func:`ggufrope.runtime.factor_in_use`)
+and must be the one passed. (``ggufrope generate`` instead leaves the NTK family's automatic
+k to the library, which resolves it from n_ctx_seq.)
+
 **Perplexity** follows llama.cpp's ``llama-perplexity`` (tools/perplexity/perplexity.cpp,
 default mode): the document is tokenized once (BOS prepended when the vocabulary asks for
 it), cut into consecutive windows of ``n_ctx`` tokens, each window is evaluated from an empty
@@ -49,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from .errors import GGUFRopeError
-from .methods import DEFAULT_EXPONENT, auto_factor, canonical
+from .methods import DEFAULT_EXPONENT, METHODS, auto_factor, canonical, to_float32
 from .runtime import RopeChoice
 
 #: bump when a change to this module changes what a cached result means
@@ -106,11 +116,22 @@ def passkey_text(key: int, n_sentences: int, depth: float) -> str:
 
 class Setting(RopeChoice):
     """A method as the evaluation applies it: :class:`ggufrope.runtime.RopeChoice` (same fields
-    and checks; ``factor`` None means k = max(1, n_ctx / L)) with k resolved per context."""
+    and the registry's checks; ``factor`` None means k = max(1, n_ctx / L), see the module
+    docstring) with k resolved per context."""
+
+    @classmethod
+    def for_grid(cls, method: str, factor: float | None, exponent: float | None, logn: bool) -> Setting:
+        """The setting of ``method`` in a grid whose k and b are given once for all methods: k
+        goes only to methods that take one, b only to ntk-mixed (the registry's parameters)."""
+        try:
+            m = METHODS[canonical(method)]
+        except ValueError as e:
+            raise GGUFRopeError(str(e)) from None
+        return cls(m.name, factor if m.uses_factor else None, exponent if m.uses_exponent else None, logn)
 
     def resolved_factor(self, n_ctx: int, n_ctx_orig: int) -> float | None:
         """k as applied at ``n_ctx`` (None for ``none``, which has no k)."""
-        if self.method == "none":
+        if not METHODS[self.method].uses_factor:
             return None
         return float(self.factor) if self.factor is not None else auto_factor(n_ctx, n_ctx_orig)
 
@@ -143,8 +164,12 @@ def load_model(
     verbose: bool = False,
     **kwargs: Any,
 ) -> Any:
-    """``runtime.load`` with ``setting`` at ``n_ctx``; k is passed explicitly (resolved here
-    with the same rule the library uses), ``n_ubatch`` defaults to ``n_batch``."""
+    """``runtime.load`` with ``setting`` at ``n_ctx``; ``n_ubatch`` defaults to ``n_batch``.
+
+    k is passed explicitly (:meth:`Setting.resolved_factor`, see the module docstring) and the
+    k the context applies is read back: a library that applies another k (or none) raises
+    :class:`GGUFRopeError`. The returned ``Llama`` carries ``llm.ggufrope``
+    (:class:`ggufrope.runtime.RopeInUse`)."""
     from .runtime import load
 
     L = n_ctx_orig_of(model)
@@ -152,11 +177,16 @@ def load_model(
     if threads:
         kw["n_threads"] = kw["n_threads_batch"] = threads
     n_batch = max(1, min(int(n_batch), int(n_ctx)))
-    return load(
-        model, method=setting.method, factor=setting.resolved_factor(n_ctx, L), exponent=setting.exponent,
+    k = setting.resolved_factor(n_ctx, L)
+    llm = load(
+        model, method=setting.method, factor=k, exponent=setting.exponent,
         logn=setting.logn, n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=verbose,
         n_batch=n_batch, n_ubatch=min(n_batch, n_ubatch or n_batch), **kw,
     )
+    used = llm.ggufrope.factor
+    if (k is None) != (used is None) or (k is not None and to_float32(used) != to_float32(k)):
+        raise GGUFRopeError(f"{setting.label()}: llama.cpp applies k = {used} where k = {k} was passed")
+    return llm
 
 
 class Decoder:
@@ -696,7 +726,7 @@ def run_compare(
     configs = [(c, m, ln) for c in n_ctxs for m in methods for ln in logn_modes]
     units = []
     for c, m, ln in configs:
-        st = Setting(m, factor, exponent, ln)
+        st = Setting.for_grid(m, factor, exponent, ln)
         base = {
             "eval_version": EVAL_VERSION, "model": {"sha256": fp["sha256"], "size": fp["size"]},
             "method": st.method, "factor": st.resolved_factor(c, L),
@@ -759,7 +789,7 @@ def run_compare(
 
     cells = []
     for c, m, ln in configs:
-        st = Setting(m, factor, exponent, ln)
+        st = Setting.for_grid(m, factor, exponent, ln)
         docs = {t.name: results.get((m, ln, c, "ppl", t.name)) for t in texts}
         if None in docs.values():  # report_only and some text not run: no partial pooled value
             docs = {}

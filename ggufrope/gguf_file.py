@@ -55,7 +55,6 @@ from __future__ import annotations
 import builtins
 import errno
 import math
-import numbers
 import os
 import stat
 import struct
@@ -80,7 +79,8 @@ from .gguf_constants import (  # noqa: E402
 
 from . import keys as K  # noqa: E402
 from .errors import GGUFRopeError  # noqa: E402
-from .methods import DEFAULT_EXPONENT, FILE_METHODS, METHODS, canonical, check_exponent, check_factor
+from . import methods as M  # noqa: E402
+from .methods import METHODS  # noqa: E402
 
 __all__ = [
     "KEY_RESERVED",
@@ -157,22 +157,7 @@ _INT_TYPES = (
     GGUFValueType.INT64,
 )
 
-#: Architectures whose attention uses RoPE even when a file has neither
-#: ``{arch}.rope.freq_base`` nor ``{arch}.rope.dimension_count`` (llama.cpp then takes
-#: base 10000 and n_rot = head dim). See :func:`has_rope` for the rule.
-KNOWN_ROPE_ARCHS = frozenset(
-    """
-    llama llama4 deci mistral3 baichuan falcon gptneox gptj stablelm qwen qwen2 qwen2moe qwen2vl
-    qwen3 qwen3moe phi2 phi3 phimoe plamo plamo2 codeshell orion internlm2 minicpm minicpm3
-    gemma gemma2 gemma3 gemma3n starcoder2 olmo olmo2 olmoe openelm command-r cohere2 dbrx
-    deepseek deepseek2 chatglm glm4 glm4moe bitnet nemotron exaone exaone4 granite granitemoe
-    chameleon smollm3 ernie4_5 ernie4_5-moe hunyuan-moe hunyuan-dense arcee dots1 bailingmoe
-    grok xverse refact persimmon
-    """.split()
-)
-
 _F32_MAX = float.fromhex("0x1.fffffep+127")  # the largest finite float32
-_F32 = struct.Struct("<f")
 
 
 # --------------------------------------------------------------------------- data model
@@ -204,13 +189,15 @@ class KeyValue:
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor-info record (``shape`` in ggml order, ne[0] first; ``offset`` relative
-    to the data section)."""
+    to the data section; ``nbytes`` None for a ggml type that the installed gguf-py does not
+    list: a header rewrite reuses the offsets and needs no type sizes, so such a tensor passes
+    through unchecked)."""
 
     name: str
     shape: tuple[int, ...]
     ggml_type: int
     offset: int
-    nbytes: int
+    nbytes: int | None
 
 
 @dataclass
@@ -290,14 +277,7 @@ def _type_name(t: int) -> str:
         return str(t)
 
 
-def _f32(x: float) -> float:
-    """The float32 value nearest to ``x`` (round half to even) as a Python float, or
-    ``inf`` on overflow."""
-    x = float(x)
-    try:
-        return _F32.unpack(_F32.pack(x))[0]
-    except OverflowError:  # rounds beyond the largest float32
-        return math.copysign(math.inf, x)
+_f32 = M.to_float32  # the float32 value nearest to x, inf on overflow
 
 
 def f32_repr(x: float) -> str:
@@ -532,16 +512,18 @@ def _parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
         offset = s.unpack("Q", f"offset of tensor {name!r}")
         try:
             block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(gtype)]
-        except (ValueError, KeyError):
-            raise s.error(f"tensor {name!r} has unknown ggml type {gtype}") from None
+        except (ValueError, KeyError):  # newer than gguf-py (e.g. 42, Q2_0): sizes unknown
+            block = type_size = None
         ne = 1
         for d in shape:
             if d >= 1 << 63:
                 raise s.error(f"tensor {name!r} has a dimension beyond int64")
             ne *= d
-        if shape and shape[0] % block:
-            raise s.error(f"tensor {name!r}: ne[0] = {shape[0]} is not a multiple of its block size {block}")
-        nbytes = ne // block * type_size
+        nbytes = None
+        if block is not None:
+            if shape and shape[0] % block:
+                raise s.error(f"tensor {name!r}: ne[0] = {shape[0]} is not a multiple of its block size {block}")
+            nbytes = ne // block * type_size
         if offset % alignment:
             raise s.error(f"tensor {name!r} has offset {offset}, not a multiple of the alignment {alignment}")
         tensors.append(TensorInfo(name, shape, gtype, offset, nbytes))
@@ -549,7 +531,8 @@ def _parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
 
     data_offset = _align(ti_end, alignment)
     data_size = st.st_size - data_offset
-    need = max((t.offset + t.nbytes for t in tensors), default=0)
+    # tensors of a type unknown to gguf-py: at least their start must lie in the file
+    need = max((t.offset + (t.nbytes or 0) for t in tensors), default=0)
     if tensors and need > data_size:
         raise s.error(
             f"truncated tensor data: the tensors need {need} bytes after offset {data_offset}, "
@@ -680,11 +663,25 @@ def _architecture(h: Header) -> str:
 
 
 def has_rope(h: Header, arch: str) -> bool:
-    """The rule by which ``set`` refuses a file: the architecture has RoPE when the file
-    has ``{arch}.rope.freq_base`` or ``{arch}.rope.dimension_count``, or ``arch`` is in
-    :data:`KNOWN_ROPE_ARCHS` (llama.cpp's rope architectures whose converters may omit
-    both). BERT, GPT-2, MPT, BLOOM, T5, Mamba, RWKV and the like have none of these."""
-    return K.key(K.KEY_FREQ_BASE, arch) in h or K.key(K.KEY_ROPE_DIMS, arch) in h or arch in KNOWN_ROPE_ARCHS
+    """Whether the file has rope keys (``{arch}.rope.freq_base`` or
+    ``{arch}.rope.dimension_count``), as ``show`` reports it. Not the rule of ``set``: converters
+    may omit both for architectures that use RoPE, so ``set`` asks the patched library which
+    architectures it serves (:func:`_require_served`)."""
+    return K.key(K.KEY_FREQ_BASE, arch) in h or K.key(K.KEY_ROPE_DIMS, arch) in h
+
+
+def _require_served(h: Header, arch: str) -> None:
+    """Refuse ``arch`` unless the patched library applies a method to it
+    (``llama_ggufrope_arch_supported``, :func:`ggufrope.runtime.arch_supported`): the one list
+    of served architectures, the same that makes the library refuse to load a method for the
+    others. Raises :class:`GGUFRopeError` also when no patched library is installed."""
+    from .runtime import arch_supported
+
+    if not arch_supported(arch, "ggufrope set"):
+        raise GGUFRopeError(
+            f"{_show(h.path)}: architecture {arch!r} is not served by the patched llama.cpp (it would refuse "
+            "to load a method for it: no RoPE, or ropes other than the per-layer Q/K NORMAL/NEOX ropes)"
+        )
 
 
 def _rope_dims(h: Header, arch: str) -> tuple[int | None, str | None]:
@@ -704,25 +701,32 @@ def _rope_dims(h: Header, arch: str) -> tuple[int | None, str | None]:
 
 def describe_method(meta: Mapping[str, Any]) -> str:
     """The active method in words, e.g.
-    ``ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on``."""
+    ``ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on``.
+
+    ``meta``: ``method`` (None: no ggufrope keys), ``factor`` (None: auto), ``exponent`` and
+    ``exponent_default`` (b not in the file: 0.625, said "(default)"), ``logn``, ``n_ctx_orig``,
+    and the file's stock scaling (``stock_scaling_type``, ``stock_scaling_factor``): an
+    NTK-family method replaces a stock yarn/linear scaling, method none (log-n alone) keeps it.
+    """
     m = meta.get("method")
     L = meta.get("n_ctx_orig")
-    auto = f"auto (max(1, n_ctx/{L}))" if L else "auto (max(1, n_ctx/L))"
+    st = meta.get("stock_scaling_type")
+    stock = None
+    if st and st != "none":
+        f = meta.get("stock_scaling_factor")
+        stock = f"stock llama.cpp rope scaling {st!r}" + (f" (factor {f32_repr(f)})" if f is not None else "")
     if m is None:
-        st = meta.get("stock_scaling_type")
-        if st and st != "none":
-            f = meta.get("stock_scaling_factor")
-            fs = f" (factor {f32_repr(f)})" if f is not None else ""
-            return f"no ggufrope method; stock llama.cpp rope scaling {st!r}{fs}"
+        if stock:
+            return f"no ggufrope method; {stock}"
         return "none (no ggufrope keys: plain RoPE, as stock llama.cpp)"
-    parts = [m]
-    if m == "ntk-mixed":
-        parts.append(f"b = {f32_repr(meta['exponent'])}")
-    if m != "none":
-        k = meta.get("factor")
-        parts.append(f"k = {f32_repr(k)}" if k is not None else f"k = {auto}")
-    parts.append("log-n on" if meta.get("logn") else "log-n off")
-    return ", ".join(parts)
+    k = meta.get("factor")
+    kt = f32_repr(k) if k is not None else f"auto (max(1, n_ctx_seq/{L if L else 'L'}))"
+    b = meta.get("exponent")
+    bt = None if b is None else f32_repr(b) + (" (default)" if meta.get("exponent_default") else "")
+    s = M.summary(m, kt, bt, bool(meta.get("logn")))
+    if stock:
+        s += f"; replaces the file's {stock}" if METHODS[m].ntk_family else f"; the file's {stock} stays in effect"
+    return s
 
 
 def _n_ctx_orig(h: Header, arch: str) -> tuple[int | None, str | None]:
@@ -745,18 +749,13 @@ def _rope_meta(h: Header) -> dict[str, Any]:
     method, factor, exponent = v(K.KEY_METHOD), v(K.KEY_FACTOR), v(K.KEY_EXPONENT)
     logn = v(K.KEY_LOGN)
     where = _show(h.path)
-    if method is not None and method not in FILE_METHODS:
-        raise GGUFRopeError(
-            f"{where}: {K.key(K.KEY_METHOD, arch)} = {method!r} is not one of {', '.join(FILE_METHODS)}; "
-            "fix it with ggufrope set or ggufrope reset"
-        )
-    try:
-        if factor is not None:
-            check_factor(factor)
-        if exponent is not None:
-            check_exponent(exponent)
-    except ValueError as e:
-        raise GGUFRopeError(f"{where}: invalid ggufrope metadata: {e}; fix it with ggufrope set or ggufrope reset") from None
+    exponent_default = False
+    if method is not None:
+        try:
+            p = M.validate_stored(method, factor, exponent)
+        except ValueError as e:
+            raise GGUFRopeError(f"{where}: invalid ggufrope metadata: {e}; fix it with ggufrope set or ggufrope reset") from None
+        factor, exponent, exponent_default = p.factor, p.exponent, p.exponent_default
     present = {name: h.value(name) for name in K.ggufrope_keys(arch) if name in h}
     if method is None and (present or False):
         raise GGUFRopeError(
@@ -786,6 +785,7 @@ def _rope_meta(h: Header) -> dict[str, Any]:
         "method": method,
         "factor": factor,
         "exponent": exponent,
+        "exponent_default": exponent_default,
         "logn": bool(logn) if logn is not None else False,
         "reserved": reserved.value.count if reserved is not None and isinstance(reserved.value, ArrayValue) else None,
     }
@@ -803,52 +803,27 @@ def read_rope_metadata(path: str | os.PathLike) -> dict[str, Any]:
     ``freq_base``, ``rope_dims`` and ``rope_dims_source``, ``stock_scaling_type`` and
     ``stock_scaling_factor`` (stock llama.cpp's keys, None when absent),
     ``ggufrope_keys`` (full key name -> value, the keys present), ``method`` (None when the
-    file has no ggufrope keys), ``factor`` (None: auto), ``exponent``, ``logn`` (bool),
-    ``reserved`` (length of the reserved array, or None) and ``description`` (the active
-    method in words, see :func:`describe_method`).
+    file has no ggufrope keys), ``factor`` (None: auto, the key absent or 0), ``exponent``
+    (b; for ntk-mixed without the key the library's default 0.625, with ``exponent_default``
+    True), ``logn`` (bool), ``reserved`` (length of the reserved array, or None) and
+    ``description`` (the active method in words, see :func:`describe_method`; it says when
+    the method replaces a stock scaling of the file). ``has_rope``: the file has rope keys.
 
     Raises :class:`GGUFRopeError` for unreadable or invalid files, keys of the wrong type,
-    and invalid ggufrope values (a method not in ``FILE_METHODS``, k < 1, b outside (0, 1]).
+    and invalid ggufrope values (checked by :func:`ggufrope.methods.validate_stored`: a method
+    not in ``FILE_METHODS``, k < 1 other than 0, b outside (0, 1]).
     """
     return _rope_meta(read_header(path))
 
 
 def _rope_values(method: str, factor: float | None, exponent: float | None, logn: bool) -> tuple[str, float | None, float | None, bool]:
+    """The validated values ``set`` writes (the registry's :func:`ggufrope.methods.validate`,
+    stored methods only, rounded to float32); b defaults to 0.625 for ntk-mixed."""
     try:
-        m = canonical(str(method))
+        p = M.validate(method, factor, exponent, stored=True, float32=True)
     except ValueError as e:
         raise GGUFRopeError(str(e)) from None
-    if m not in FILE_METHODS:
-        how = {
-            "linear": "--rope-scaling linear --rope-scale K",
-            "yarn": "--rope-scaling yarn --rope-scale K --yarn-orig-ctx L",
-        }.get(m, "its own options")
-        raise GGUFRopeError(
-            f"method {m!r} ({METHODS[m].title}) is stock llama.cpp's own and is not stored by ggufrope; "
-            f"use llama.cpp's {how} instead"
-        )
-    for name, x in (("factor k", factor), ("exponent b", exponent)):
-        if x is not None and (isinstance(x, bool) or not isinstance(x, numbers.Real)):
-            raise GGUFRopeError(f"{name} must be a number, got {x!r}")
-    if factor is not None:
-        if m == "none":
-            raise GGUFRopeError("a factor k has no effect with method 'none'")
-        try:
-            k = check_factor(factor)
-            check_factor(_f32(k))
-        except (ValueError, TypeError) as e:
-            raise GGUFRopeError(str(e)) from None
-        factor = _f32(k)
-    if m == "ntk-mixed":
-        try:
-            b = check_exponent(DEFAULT_EXPONENT if exponent is None else exponent)
-            check_exponent(_f32(b))
-        except (ValueError, TypeError) as e:
-            raise GGUFRopeError(str(e)) from None
-        exponent = _f32(b)
-    elif exponent is not None:
-        raise GGUFRopeError(f"the exponent b applies to ntk-mixed only, not to {m!r}")
-    return m, factor, exponent, bool(logn)
+    return p.method, p.factor, p.exponent, bool(logn)
 
 
 # --------------------------------------------------------------------------- writing
@@ -1490,9 +1465,12 @@ def write_rope_metadata(
     ``method``: a name or alias from the method registry; only ``FILE_METHODS`` (``none``,
     ``ntk``, ``ntk-fixed``, ``ntk-mixed``) can be stored — ``linear``/``yarn`` are stock
     llama.cpp's own. ``factor`` k >= 1 is written only when given (absent: the library
-    takes k = max(1, n_ctx/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
+    takes k = max(1, n_ctx_seq/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
     0.625); ``logn`` always. Every ggufrope key the call does not write is removed, so the
-    file holds exactly the new state. Refuses architectures without RoPE (:func:`has_rope`).
+    file holds exactly the new state. Refuses architectures the patched library does not serve
+    (asked through ``llama_ggufrope_arch_supported``; also refused when no patched library is
+    installed). A stock ``{arch}.rope.scaling.type`` (yarn, linear) of the file is kept; the
+    NTK family replaces it at load time, method none keeps it (a note in the result says so).
     Returns a :class:`WriteResult`; ``dst`` as in :func:`set_keys`.
     """
     m, k, b, ln = _rope_values(method, factor, exponent, logn)
@@ -1500,26 +1478,28 @@ def write_rope_metadata(
     def build(h: Header) -> tuple[dict[str, tuple[GGUFValueType, Any]], list[str]]:
         arch = _architecture(h)
         _check_types(h, arch, ggufrope_keys=False)  # ggufrope keys are replaced anyway
-        if not has_rope(h, arch):
-            raise GGUFRopeError(
-                f"{_show(h.path)}: architecture {arch!r} has no RoPE (no {K.key(K.KEY_FREQ_BASE, arch)} "
-                f"or {K.key(K.KEY_ROPE_DIMS, arch)} key, and not a known rope architecture)"
-            )
+        _require_served(h, arch)
         values: dict[str, tuple[GGUFValueType, Any]] = {K.key(K.KEY_METHOD, arch): (GGUFValueType.STRING, m)}
         if k is not None:
             values[K.key(K.KEY_FACTOR, arch)] = (GGUFValueType.FLOAT32, k)
         if b is not None:
             values[K.key(K.KEY_EXPONENT, arch)] = (GGUFValueType.FLOAT32, b)
         values[K.key(K.KEY_LOGN, arch)] = (GGUFValueType.BOOL, ln)
-        L, _ = _n_ctx_orig(h, arch)
-        info["description"] = describe_method({"method": m, "factor": k, "exponent": b, "logn": ln, "n_ctx_orig": L})
-        notes = []
+        L, L_src = _n_ctx_orig(h, arch)
         stype = h.value(K.key(K.KEY_SCALING_TYPE, arch))
-        if isinstance(stype, str) and stype not in ("", "none"):
-            notes.append(
-                f"the file also has stock llama.cpp rope scaling {K.key(K.KEY_SCALING_TYPE, arch)} = {stype!r}; "
-                "ggufrope's method applies on top of it"
-            )
+        stype = stype if isinstance(stype, str) and stype not in ("", "none") else None
+        info["description"] = describe_method({
+            "method": m, "factor": k, "exponent": b, "logn": ln, "n_ctx_orig": L, "stock_scaling_type": stype,
+            "stock_scaling_factor": h.value(K.key(K.KEY_SCALING_FACTOR, arch)),
+        })
+        notes = []
+        if stype is not None:
+            what = f"the file also has stock llama.cpp rope scaling {K.key(K.KEY_SCALING_TYPE, arch)} = {stype!r}; "
+            if METHODS[m].ntk_family:
+                notes.append(what + f"ggufrope's method {m} replaces it when the model loads (not stacked on it; "
+                             f"L = {L} from {L_src})")
+            else:
+                notes.append(what + "method none keeps it" + (" (log-n applies beside it)" if ln else ""))
         if L is None:
             notes.append(f"the file has no {K.key(K.KEY_CONTEXT_LENGTH, arch)}: L is unknown")
         info["notes"] = tuple(notes)

@@ -9,13 +9,18 @@ an unpatched build still loads a file that carries them.
 key                                    type     meaning
 =====================================  =======  ==========================================
 ``{arch}.rope.ntk.method``             STRING   ``none``, ``ntk``, ``ntk-fixed``, ``ntk-mixed``
-``{arch}.rope.ntk.factor``             FLOAT32  factor k >= 1; absent: k = max(1, n_ctx / L)
-``{arch}.rope.ntk.exponent``           FLOAT32  exponent b in (0, 1] of ``ntk-mixed``
+``{arch}.rope.ntk.factor``             FLOAT32  factor k >= 1; absent or 0: auto,
+                                                k = max(1, n_ctx_seq / L) (the library)
+``{arch}.rope.ntk.exponent``           FLOAT32  exponent b in (0, 1] of ``ntk-mixed``;
+                                                absent: 0.625
 ``{arch}.attention.logn_scaling``      BOOL     log-n query scaling beyond L
 =====================================  =======  ==========================================
 
 L (``n_ctx_orig``) is ``{arch}.rope.scaling.original_context_length`` when present, else
-``{arch}.context_length``: the same value llama.cpp uses for YaRN.
+``{arch}.context_length``: the same value llama.cpp uses for YaRN. n_ctx_seq is the context
+of one sequence (n_ctx rounded up to a multiple of 256, divided by n_seq_max). An NTK-family
+method replaces a stock ``{arch}.rope.scaling.type`` (yarn, linear) of the file; method
+``none`` keeps it. The values are checked by :mod:`ggufrope.methods` (``validate_stored``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,19 @@
-"""The method registry: the rope math of every context-extension method, in float64.
+"""The method registry: every context-extension method, its rope math in float64, its
+parameters and their checks, and its description. One entry per method in :data:`METHODS`.
 
 This module is the one reference that the patched llama.cpp (C and CUDA) and the torch
-reference forward are tested against. Nothing else in ggufrope re-derives a formula.
+reference forward are tested against, and the one place where a method name, a factor k or
+an exponent b is validated: ``ggufrope set`` (:mod:`ggufrope.gguf_file`), ``show``, the
+load-time choice (:mod:`ggufrope.runtime`), the command line and the evaluation all call
+:func:`validate` (a choice made by the user) or :func:`validate_stored` (values read from a
+file), and nothing else re-derives a formula or a check. The model is transformers'
+``ROPE_INIT_FUNCTIONS`` (one function per rope type) with its per-type validation functions
+(``_validate_*_rope_parameters``: which parameters a type takes, and their ranges).
 
 Notation (design notes §1): ``n_dims`` = d, the rotary dimensions (``n_rot``); pair
 index i = 0 .. d/2-1 (the seeds' digit m = i+1); ``freq_base`` = β; position p (0-based);
-``n_ctx_orig`` = L, the pretraining context; ``factor`` = k, the extension factor.
+``n_ctx_orig`` = L, the pretraining context; ``factor`` = k, the extension factor;
+``exponent`` = b, the exponent of NTK-RoPE-mixed.
 
 Stock RoPE rotates pair i of a vector at position p by θ_i(p) = p · β^(-2i/d). Every
 method here is a per-pair divisor ``ff_i`` (llama.cpp's rope ``freq_factors``):
@@ -25,24 +33,106 @@ ntk-mixed      exp(a·(i+1)^b),               seed 000 eq. 7 and its constraint
 
 For every NTK-family method ``ff_{d/2-1} = k``: the lowest frequency is interpolated by
 exactly k. ``yarn`` is stock llama.cpp's YaRN (seed 004) and is listed for comparison
-only: it is not a divisor table and has no entry in :func:`freq_factors`.
+only: it is not a divisor table and has no table function.
+
+**Parameters.** ``none`` takes no parameter (a factor k with it is an error); ``linear``,
+``yarn`` and the NTK family take k >= 1 (finite, also once rounded to float32, the type the
+library reads); only ``ntk-mixed`` takes b, 0 < b <= 1 (default 0.625; b = 1 is
+ntk-fixed). k left out means "auto": for the NTK family the patched library resolves
+k = max(1, n_ctx_seq / L) when the context is created (n_ctx_seq: the context of one
+sequence, n_ctx rounded up to a multiple of 256 and divided by n_seq_max), and Python never
+computes that value itself (``{arch}.rope.ntk.factor`` = 0 or absent asks for it); for the
+stock methods ``linear``/``yarn``, whose k is llama.cpp's own ``rope_freq_scale = 1/k``,
+Python chooses k = max(1, n_ctx / L) (:func:`auto_factor`).
 
 log-n attention scaling (seed 000, Table 2, the variant for models not trained with it):
 every query at position p is multiplied after RoPE by s(p) = max(1, ln(p+1) / ln L).
-Keys are never scaled.
+Keys are never scaled. It is not a method but a switch beside any of them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
-from typing import TYPE_CHECKING
+import numbers
+import struct
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     import numpy as np
 
 DEFAULT_EXPONENT = 0.625  #: seed 000's empirical b for NTK-RoPE-mixed
+#: the value of ``{arch}.rope.ntk.factor`` (and of its kv override) that asks the library for
+#: the automatic k = max(1, n_ctx_seq / L)
+AUTO_FACTOR = 0.0
+
+_F32 = struct.Struct("<f")
+
+
+def to_float32(x: float) -> float:
+    """The float32 value nearest to ``x`` (round half to even) as a Python float, ``inf``
+    on overflow: what the library reads from a FLOAT32 key or a float kv override."""
+    x = float(x)
+    try:
+        return _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:  # rounds beyond the largest float32
+        return math.copysign(math.inf, x)
+
+
+# --------------------------------------------------------------------------- tables
+# One signature for every table: (n_dims d, factor k, exponent b) -> ff, float64, shape
+# (d/2,). The arguments are validated by freq_factors() before the call.
+
+
+def _pairs(n_dims: int) -> np.ndarray:
+    import numpy as np
+
+    return np.arange(n_dims // 2, dtype=np.float64)
+
+
+def table_none(n_dims: int, factor: float, exponent: float) -> np.ndarray:
+    """ff_i = 1: plain RoPE, extrapolation beyond L (RoPE, Su et al. 2021)."""
+    import numpy as np
+
+    return np.ones(n_dims // 2)
+
+
+def table_linear(n_dims: int, factor: float, exponent: float) -> np.ndarray:
+    """ff_i = k: position interpolation, every frequency divided by k (Chen et al. 2023;
+    seed 004). llama.cpp's own ``rope_freq_scale = 1/k``."""
+    import numpy as np
+
+    return np.full(n_dims // 2, float(factor))
+
+
+def table_ntk(n_dims: int, factor: float, exponent: float) -> np.ndarray:
+    """ff_i = k^(2i/(d-2)): NTK-aware scaling (seed 001), the base β replaced by
+    β·k^(d/(d-2)) so that the lowest frequency (i = d/2-1) is divided by exactly k;
+    seed 000 calls it NTK-RoPE-old (its eq. 3)."""
+    return float(factor) ** (2.0 * _pairs(n_dims) / (n_dims - 2))
+
+
+def table_ntk_fixed(n_dims: int, factor: float, exponent: float) -> np.ndarray:
+    """ff_i = λ^(i+1), λ = k^(2/d): seed 000 eq. 5 (NTK-RoPE-fixed),
+    θ_m = n / (λ (βλ)^(m-1)) for digit m = i+1, i.e. base βλ and the period of every digit
+    scaled by λ too."""
+    return (float(factor) ** (2.0 / n_dims)) ** (_pairs(n_dims) + 1.0)
+
+
+def table_ntk_mixed(n_dims: int, factor: float, exponent: float) -> np.ndarray:
+    """ff_i = exp(a·(i+1)^b), a = ln k / (d/2)^b: seed 000 eq. 7 (NTK-RoPE-mixed), a mixed
+    base with digit m scaled by λ_1 λ_2 … λ_m = exp(a m^b), under the constraint
+    a (d/2)^b = ln k (the last digit is interpolated by k)."""
+    import numpy as np
+
+    half = n_dims // 2
+    a = math.log(float(factor)) / half ** float(exponent)
+    return np.exp(a * (_pairs(n_dims) + 1.0) ** float(exponent))
+
+
+# --------------------------------------------------------------------------- the registry
+
+Table = Callable[[int, float, float], "np.ndarray"]
 
 
 @dataclass(frozen=True)
@@ -50,8 +140,12 @@ class Method:
     """One context-extension method.
 
     ``name`` is the canonical name (the value of ``{arch}.rope.ntk.method`` for the NTK
-    family); ``ntk_family`` says whether the patched library implements it as a divisor
-    table; ``stock`` whether stock llama.cpp provides it through its own parameters.
+    family); ``title``, ``source`` and ``description`` are its words; ``ntk_family`` says
+    whether the patched library implements it as a divisor table chosen by the file's keys;
+    ``stock`` whether stock llama.cpp provides it through its own parameters; ``params`` the
+    parameters it takes (``"factor"`` k, ``"exponent"`` b); ``table`` its divisor-table
+    function (``(n_dims, factor, exponent) -> ff``, None for yarn); ``stock_options`` the
+    llama.cpp options that select a stock method.
     """
 
     name: str
@@ -59,25 +153,50 @@ class Method:
     source: str
     ntk_family: bool
     stock: bool
-    uses_exponent: bool = False
+    params: tuple[str, ...]
+    table: Table | None
+    description: str
+    stock_options: str | None = None
+
+    @property
+    def uses_exponent(self) -> bool:
+        """Whether the method takes the exponent b (ntk-mixed only)."""
+        return "exponent" in self.params
+
+    @property
+    def uses_factor(self) -> bool:
+        """Whether the method takes a factor k (every method but none)."""
+        return "factor" in self.params
+
+    @property
+    def stored(self) -> bool:
+        """Whether ``{arch}.rope.ntk.method`` can hold it (none and the NTK family)."""
+        return self.ntk_family or self.name == "none"
 
 
 METHODS: dict[str, Method] = {
     m.name: m
     for m in (
-        Method("none", "no scaling (extrapolation)", "RoPE, Su et al. 2021", False, True),
-        Method("linear", "position interpolation (PI)", "Chen et al. 2023; seed 004", False, True),
-        Method("yarn", "YaRN", "Peng et al. 2023; seed 004", False, True),
-        Method("ntk", "NTK-aware (NTK-RoPE-old)", "seed 001", True, False),
-        Method("ntk-fixed", "NTK-RoPE-fixed", "seed 000 eq. 5", True, False),
-        Method("ntk-mixed", "NTK-RoPE-mixed", "seed 000 eq. 7", True, False, uses_exponent=True),
+        Method("none", "no scaling (extrapolation)", "RoPE, Su et al. 2021", False, True, (), table_none,
+               "plain RoPE: positions beyond L are extrapolated"),
+        Method("linear", "position interpolation (PI)", "Chen et al. 2023; seed 004", False, True, ("factor",),
+               table_linear, "every frequency divided by k (stock llama.cpp's rope_freq_scale = 1/k)",
+               "--rope-scaling linear --rope-scale K"),
+        Method("yarn", "YaRN", "Peng et al. 2023; seed 004", False, True, ("factor",), None,
+               "stock llama.cpp's YaRN with factor k", "--rope-scaling yarn --rope-scale K --yarn-orig-ctx L"),
+        Method("ntk", "NTK-aware (NTK-RoPE-old)", "seed 001", True, False, ("factor",), table_ntk,
+               "NTK-aware: base multiplied by k^(d/(d-2)), ff_i = k^(2i/(d-2))"),
+        Method("ntk-fixed", "NTK-RoPE-fixed", "seed 000 eq. 5", True, False, ("factor",), table_ntk_fixed,
+               "NTK-RoPE-fixed: ff_i = λ^(i+1), λ = k^(2/d)"),
+        Method("ntk-mixed", "NTK-RoPE-mixed", "seed 000 eq. 7", True, False, ("factor", "exponent"), table_ntk_mixed,
+               "NTK-RoPE-mixed: ff_i = exp(a·(i+1)^b), a = ln k / (d/2)^b"),
     )
 }
 
 ALIASES = {"mixed": "ntk-mixed", "fixed": "ntk-fixed", "ntk-aware": "ntk", "pi": "linear"}
 
 #: methods the patched library reads from ``{arch}.rope.ntk.method`` (``none`` included)
-FILE_METHODS = ("none", "ntk", "ntk-fixed", "ntk-mixed")
+FILE_METHODS = tuple(n for n, m in METHODS.items() if m.stored)
 NTK_FAMILY = tuple(n for n, m in METHODS.items() if m.ntk_family)
 
 
@@ -86,11 +205,17 @@ def canonical(name: str) -> str:
 
     Raises ``ValueError`` naming the known methods when ``name`` is unknown.
     """
-    n = ALIASES.get(name.strip().lower(), name.strip().lower())
+    n = str(name).strip().lower()
+    n = ALIASES.get(n, n)
     if n not in METHODS:
         known = ", ".join(list(METHODS) + sorted(ALIASES))
         raise ValueError(f"unknown method {name!r} (known: {known})")
     return n
+
+
+def entry(name: str) -> Method:
+    """The registry entry of ``name`` or an alias; ``ValueError`` when unknown."""
+    return METHODS[canonical(name)]
 
 
 def check_factor(factor: float) -> float:
@@ -109,41 +234,130 @@ def check_exponent(exponent: float) -> float:
     return b
 
 
+def _number(name: str, x: object) -> None:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {x!r}")
+
+
+@dataclass(frozen=True)
+class Params:
+    """A validated method choice: canonical ``method``; ``factor`` k (None: auto, or a
+    method without k); ``exponent`` b (ntk-mixed only, else None); ``exponent_default``:
+    b was not given and is :data:`DEFAULT_EXPONENT`."""
+
+    method: str
+    factor: float | None
+    exponent: float | None
+    exponent_default: bool = False
+
+
+def validate(name: str, factor: float | None = None, exponent: float | None = None, *,
+             stored: bool = False, float32: bool = False) -> Params:
+    """Check a method chosen by the user, with its factor k and exponent b (None: not given).
+
+    The checks, in this order: the method is known (an alias is resolved); with ``stored``
+    (``ggufrope set``) it is one ``{arch}.rope.ntk.method`` can hold; k and b are numbers;
+    k is given only to a method that takes one (not ``none``), and is finite and >= 1, also
+    as float32; b is given only to ``ntk-mixed``, and 0 < b <= 1, also as float32. b not
+    given to ``ntk-mixed`` is :data:`DEFAULT_EXPONENT`. With ``float32`` the values returned
+    are rounded to float32 (what a file stores).
+
+    Returns :class:`Params`. Raises ``ValueError`` with a one-line message.
+    """
+    m = entry(name)
+    if stored and not m.stored:
+        how = m.stock_options or "its own options"
+        raise ValueError(
+            f"method {m.name!r} ({m.title}) is stock llama.cpp's own and is not stored by ggufrope; "
+            f"use llama.cpp's {how} instead"
+        )
+    for what, x in (("factor k", factor), ("exponent b", exponent)):
+        if x is not None:
+            _number(what, x)
+    k = b = None
+    if factor is not None:
+        if not m.uses_factor:
+            raise ValueError(f"a factor k has no effect with method {m.name!r}")
+        k = check_factor(factor)
+        check_factor(to_float32(k))
+        if float32:
+            k = to_float32(k)
+    default = False
+    if m.uses_exponent:
+        default = exponent is None
+        b = check_exponent(DEFAULT_EXPONENT if default else exponent)
+        check_exponent(to_float32(b))
+        if float32:
+            b = to_float32(b)
+    elif exponent is not None:
+        raise ValueError(f"the exponent b applies to ntk-mixed only, not to {m.name!r}")
+    return Params(m.name, k, b, default)
+
+
+def validate_stored(name: str, factor: float | None, exponent: float | None) -> Params:
+    """Check the values of the ggufrope keys of a file, as the patched library does when it
+    loads the model: ``name`` one of :data:`FILE_METHODS`; ``factor`` absent (None) or
+    :data:`AUTO_FACTOR` (0) means auto (returned as None), else finite and >= 1;
+    ``exponent`` in (0, 1] when present; ``ntk-mixed`` without it takes
+    :data:`DEFAULT_EXPONENT` (``exponent_default`` True). A factor or an exponent that the
+    method does not use is checked and returned but has no effect (the library ignores it).
+
+    Raises ``ValueError`` with a one-line message.
+    """
+    if name not in FILE_METHODS:
+        raise ValueError(f"method {name!r} is not one of {', '.join(FILE_METHODS)}")
+    k = None
+    if factor is not None and factor != AUTO_FACTOR:
+        k = check_factor(factor)
+    b = None if exponent is None else check_exponent(exponent)
+    default = False
+    if METHODS[name].uses_exponent and b is None:
+        b, default = DEFAULT_EXPONENT, True
+    return Params(name, k, b, default)
+
+
 def auto_factor(n_ctx: int, n_ctx_orig: int) -> float:
-    """k = max(1, n_ctx / L): the factor the patched library takes when the file has none."""
+    """k = max(1, n_ctx / L): the factor Python chooses for the stock methods linear and yarn
+    when none is given (llama.cpp's own ``rope_freq_scale = 1/k``), and the one the evaluation
+    grid passes to every method at a context of ``n_ctx`` tokens. Never the NTK family's
+    automatic k, which only the library resolves (from n_ctx_seq; see the module docstring).
+    ``ValueError`` when L <= 0."""
     if n_ctx_orig <= 0:
         raise ValueError(f"n_ctx_orig must be > 0, got {n_ctx_orig}")
     return max(1.0, float(n_ctx) / float(n_ctx_orig))
 
 
 def freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFAULT_EXPONENT) -> np.ndarray:
-    """Per-pair divisors ff_i of ``method`` (the table in the module docstring).
+    """Per-pair divisors ff_i of ``method`` (the table in the module docstring), from its
+    registry entry's table function.
 
     Shape ``(n_dims // 2,)``, float64, unitless, every entry >= 1 and non-decreasing in i.
     ``n_dims`` must be even and >= 4 (``ntk`` divides by d-2). Raises ``ValueError`` for
-    ``yarn`` (not a divisor table), an unknown method, k < 1, or b outside (0, 1].
+    ``yarn`` (not a divisor table), an unknown method, k < 1, or b outside (0, 1] (b is
+    checked for ntk-mixed only, the one method that uses it).
     """
-    import numpy as np
-
-    m = canonical(method)
+    m = entry(method)
     if n_dims < 4 or n_dims % 2:
         raise ValueError(f"n_dims must be even and >= 4, got {n_dims}")
     k = check_factor(factor)
-    half = n_dims // 2
-    i = np.arange(half, dtype=np.float64)
-    if m == "none":
-        return np.ones(half)
-    if m == "linear":
-        return np.full(half, k)
-    if m == "ntk":  # seed 001: base' = base * k^(d/(d-2))  <=>  ff_i = k^(2i/(d-2))
-        return k ** (2.0 * i / (n_dims - 2))
-    if m == "ntk-fixed":  # seed 000 eq. 5: theta_m = n / (lambda (beta lambda)^(m-1))
-        return (k ** (2.0 / n_dims)) ** (i + 1.0)
-    if m == "ntk-mixed":  # seed 000 eq. 7: lambda_1..lambda_m = exp(a m^b), a (d/2)^b = ln k
-        b = check_exponent(exponent)
-        a = np.log(k) / half**b
-        return np.exp(a * (i + 1.0) ** b)
-    raise ValueError(f"method {m!r} is not a divisor table (it is stock llama.cpp's own)")
+    if m.table is None:
+        raise ValueError(f"method {m.name!r} is not a divisor table (it is stock llama.cpp's own)")
+    b = check_exponent(exponent) if m.uses_exponent else DEFAULT_EXPONENT
+    return m.table(n_dims, k, b)
+
+
+def summary(name: str, factor: str | None, exponent: str | None, logn: bool) -> str:
+    """The words for a method with its parameters, e.g. ``ntk-mixed, b = 0.625, k = 2, log-n on``:
+    ``factor`` and ``exponent`` are the caller's text for k and b (None: left out; k is left
+    out for a method without one, b for any method but ntk-mixed)."""
+    m = METHODS[name]
+    parts = [m.name]
+    if m.uses_exponent and exponent is not None:
+        parts.append(f"b = {exponent}")
+    if m.uses_factor and factor is not None:
+        parts.append(f"k = {factor}")
+    parts.append("log-n on" if logn else "log-n off")
+    return ", ".join(parts)
 
 
 def inv_freq(n_dims: int, freq_base: float, factors: np.ndarray | None = None) -> np.ndarray:

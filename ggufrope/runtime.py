@@ -4,25 +4,33 @@ The method is applied without rewriting the file:
 
 - the NTK family (``ntk``, ``ntk-fixed``, ``ntk-mixed``) and log-n go through llama.cpp's kv
   overrides (``Llama(kv_overrides=...)``) of the keys in :mod:`ggufrope.keys`, read by the
-  patched library when the model loads;
+  patched library when the model loads. A factor k left out is passed as
+  :data:`ggufrope.methods.AUTO_FACTOR` (0): the library resolves k = max(1, n_ctx_seq / L) when
+  the context is created, and :func:`load` reads the k in use back from the context
+  (``llama_ggufrope_factor``); Python never computes it;
 - ``linear`` (PI) and ``yarn`` are stock llama.cpp's own context parameters
-  (``rope_scaling_type``, ``rope_freq_scale``, ``yarn_orig_ctx``); they combine with log-n.
+  (``rope_scaling_type``, ``rope_freq_scale = 1/k``, ``yarn_orig_ctx``); Python chooses their
+  k (max(1, n_ctx / L) when left out) and they combine with log-n.
 
 Every method other than ``none`` without log-n needs the patched library (``make build``);
 :func:`load` refuses, with :class:`GGUFRopeError`, to apply one on a library that would ignore
 it, and also refuses to run a file whose own ggufrope keys such a library would ignore.
+
+Method names, k and b are validated by the registry (:func:`ggufrope.methods.validate`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import keys as K
+from . import methods as M
 from .errors import GGUFRopeError
-from .methods import DEFAULT_EXPONENT, METHODS, auto_factor, canonical, check_exponent, check_factor
+from .methods import DEFAULT_EXPONENT, METHODS
 
 PATCH_VERSION = "0.1.0"  #: the patch series in patches/ that this package expects
 
@@ -33,6 +41,47 @@ def _lib() -> Any:
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise GGUFRopeError(f"llama-cpp-python is not installed ({e}); run: make build") from None
     return lc._lib
+
+
+_light: Any = None
+
+
+def _library_without_import(what: str) -> Any:
+    """libllama as llama-cpp-python loads it (``$LLAMA_CPP_LIB_PATH``, else the package's
+    ``lib/``), opened with ctypes without importing the ``llama_cpp`` package (whose import
+    costs about half a second); the loaded one when ``llama_cpp`` is already imported.
+    ``what`` names the need in the :class:`GGUFRopeError` raised when there is none."""
+    global _light
+    mod = sys.modules.get("llama_cpp.llama_cpp")
+    if mod is not None:
+        return mod._lib
+    if _light is not None:
+        return _light
+    base = os.environ.get("LLAMA_CPP_LIB_PATH")
+    if not base:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec("llama_cpp")
+        except (ImportError, ValueError):
+            spec = None
+        locs = list(spec.submodule_search_locations or []) if spec is not None else []
+        if not locs:
+            raise GGUFRopeError(f"{what} needs the patched llama.cpp library, and llama-cpp-python is not installed; "
+                                "build it with: make build")
+        base = os.path.join(locs[0], "lib")
+    names = {"win32": ("llama.dll", "libllama.dll"), "darwin": ("libllama.so", "libllama.dylib")}.get(
+        sys.platform, ("libllama.so",))
+    for n in names:
+        p = os.path.join(base, n)
+        if os.path.exists(p):
+            try:
+                _light = ctypes.CDLL(p, mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+            except OSError as e:
+                raise GGUFRopeError(f"{what} needs the patched llama.cpp library, and {p} does not load ({e})") from None
+            return _light
+    raise GGUFRopeError(f"{what} needs the patched llama.cpp library, and there is no {names[0]} in {base}; "
+                        "build it with: make build")
 
 
 def library_version() -> str | None:
@@ -68,6 +117,50 @@ def require_patched(what: str) -> None:
         )
 
 
+def arch_supported(arch: str, what: str = "ggufrope set") -> bool:
+    """Whether the patched library serves ``arch`` (a ``general.architecture`` name): asks its
+    ``llama_ggufrope_arch_supported``, the one list of the architectures whose ropes the patch
+    applies a method to. The library is opened without importing ``llama_cpp``
+    (see :func:`_library_without_import`; a few milliseconds).
+
+    Raises :class:`GGUFRopeError` (``what`` names the need) when no library is installed, when
+    it is stock, or when its patch predates the function."""
+    lib = _library_without_import(what)
+    if not hasattr(lib, "llama_ggufrope_version"):
+        raise GGUFRopeError(f"{what} asks the patched llama.cpp which architectures it serves, but the installed "
+                            "llama-cpp-python library is stock; build the patched one with: make build")
+    try:
+        f = lib.llama_ggufrope_arch_supported
+    except AttributeError:
+        raise GGUFRopeError(f"{what} asks the patched llama.cpp which architectures it serves, but the installed "
+                            "patch predates llama_ggufrope_arch_supported; rebuild it with: make build") from None
+    f.argtypes = [ctypes.c_char_p]
+    f.restype = ctypes.c_bool
+    raw = arch.encode("utf-8")
+    return b"\0" not in raw and bool(f(raw))
+
+
+def factor_in_use(llm_or_ctx: Any) -> float | None:
+    """The factor k that a context applies to its NTK-family table, as the patched library
+    resolved it (``llama_ggufrope_factor``): an explicit k, or the automatic
+    max(1, n_ctx_seq / L). ``llm_or_ctx``: a ``llama_cpp.Llama`` or a ``llama_context *``.
+
+    Returns None when the context applies no NTK-family method (none, linear, yarn). Raises
+    :class:`GGUFRopeError` when the loaded library lacks the function (stock, or an older
+    patch)."""
+    lib = _lib()
+    try:
+        f = lib.llama_ggufrope_factor
+    except AttributeError:
+        raise GGUFRopeError("reading back the factor k needs llama_ggufrope_factor, which the loaded llama.cpp "
+                            "lacks (stock, or an older patch); rebuild it with: make build") from None
+    f.argtypes = [ctypes.c_void_p]
+    f.restype = ctypes.c_float
+    ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
+    k = float(f(ctx))
+    return None if k == 0.0 else k
+
+
 def library_freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFAULT_EXPONENT):
     """The per-pair divisors computed by the patched library (``llama_ggufrope_freq_factors``).
 
@@ -90,21 +183,29 @@ def library_freq_factors(method: str, n_dims: int, factor: float, exponent: floa
 
 @dataclass(frozen=True)
 class RopeChoice:
-    """A method chosen at load time. ``factor`` None means k = max(1, n_ctx / L)."""
+    """A method chosen at load time, validated by the registry
+    (:func:`ggufrope.methods.validate`): ``method`` any method or alias (stored canonical);
+    ``factor`` k, None for auto (the NTK family: the library resolves it; linear/yarn:
+    max(1, n_ctx / L)); ``exponent`` b, ntk-mixed only (None there means 0.625, elsewhere
+    b must be left out); ``logn``. Raises :class:`GGUFRopeError` for an invalid choice."""
 
     method: str = "none"
     factor: float | None = None
-    exponent: float = DEFAULT_EXPONENT
+    exponent: float | None = None
     logn: bool = False
+    #: b was left out and is the default 0.625 (set by the validation)
+    exponent_default: bool = field(default=False, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         try:
-            object.__setattr__(self, "method", canonical(self.method))
-            if self.factor is not None:
-                object.__setattr__(self, "factor", check_factor(self.factor))
-            object.__setattr__(self, "exponent", check_exponent(self.exponent))
+            p = M.validate(self.method, self.factor, self.exponent)
         except ValueError as e:
             raise GGUFRopeError(str(e)) from None
+        object.__setattr__(self, "method", p.method)
+        object.__setattr__(self, "factor", p.factor)
+        object.__setattr__(self, "exponent", p.exponent)
+        object.__setattr__(self, "exponent_default", p.exponent_default)
+        object.__setattr__(self, "logn", bool(self.logn))
 
     @property
     def label(self) -> str:
@@ -116,15 +217,20 @@ class RopeChoice:
         return METHODS[self.method].ntk_family or self.logn
 
 
-def llama_kwargs(choice: RopeChoice, arch: str, n_ctx: int, n_ctx_orig: int) -> dict[str, Any]:
+def llama_kwargs(choice: RopeChoice, arch: str, n_ctx: int, n_ctx_orig: int, *,
+                 keep_stock_scaling: bool = False) -> dict[str, Any]:
     """The ``llama_cpp.Llama`` keyword arguments that apply ``choice`` to a model of ``arch``.
 
-    ``kv_overrides`` always set every ggufrope key (so the file's own keys, if any, are
-    replaced, and an explicit k is used when the file had one); ``linear``/``yarn`` add stock
-    parameters with ``rope_freq_scale = 1/k``. ``n_ctx`` and ``n_ctx_orig`` (L) give the
-    automatic k = max(1, n_ctx / L) when ``choice.factor`` is None.
+    ``kv_overrides`` set the method and log-n keys always (so the file's own keys are
+    replaced); for the NTK family also the factor (``choice.factor``, or
+    :data:`~ggufrope.methods.AUTO_FACTOR` 0 for auto, which the library resolves even when
+    the file has an explicit k) and the exponent (unused but valid for ntk/ntk-fixed).
+    ``linear``/``yarn`` add stock parameters with ``rope_freq_scale = 1/k``, k =
+    ``choice.factor`` or max(1, ``n_ctx`` / ``n_ctx_orig``); ``none`` switches a stock scaling
+    of the file off (``rope_scaling_type`` 0) unless ``keep_stock_scaling`` (the file's own
+    method none with log-n given at load time: log-n alone keeps the stock scaling, as it does
+    when the file itself says so).
     """
-    k = choice.factor if choice.factor is not None else auto_factor(n_ctx, n_ctx_orig)
     m = choice.method
     file_method = m if METHODS[m].ntk_family else "none"
     kv: dict[str, Any] = {
@@ -132,57 +238,136 @@ def llama_kwargs(choice: RopeChoice, arch: str, n_ctx: int, n_ctx_orig: int) -> 
         K.key(K.KEY_LOGN, arch): bool(choice.logn),
     }
     if file_method != "none":
-        kv[K.key(K.KEY_FACTOR, arch)] = float(k)
-        kv[K.key(K.KEY_EXPONENT, arch)] = float(choice.exponent)
+        kv[K.key(K.KEY_FACTOR, arch)] = float(choice.factor) if choice.factor is not None else M.AUTO_FACTOR
+        kv[K.key(K.KEY_EXPONENT, arch)] = float(choice.exponent if choice.exponent is not None else DEFAULT_EXPONENT)
     out: dict[str, Any] = {"kv_overrides": kv}
-    if m == "linear":
-        out.update(rope_scaling_type=1, rope_freq_scale=1.0 / k)  # LLAMA_ROPE_SCALING_TYPE_LINEAR
-    elif m == "yarn":
-        out.update(rope_scaling_type=2, rope_freq_scale=1.0 / k, yarn_orig_ctx=int(n_ctx_orig))  # ..._YARN
-    elif m == "none":
+    if m in ("linear", "yarn"):
+        k = _stock_factor(choice, n_ctx, n_ctx_orig)
+        if m == "linear":
+            out.update(rope_scaling_type=1, rope_freq_scale=1.0 / k)  # LLAMA_ROPE_SCALING_TYPE_LINEAR
+        else:
+            out.update(rope_scaling_type=2, rope_freq_scale=1.0 / k, yarn_orig_ctx=int(n_ctx_orig))  # ..._YARN
+    elif m == "none" and not keep_stock_scaling:
         out.update(rope_scaling_type=0)  # LLAMA_ROPE_SCALING_TYPE_NONE: ignore a stock scaling in the file
     return out
 
 
-def _resolve(meta: dict[str, Any], method: str | None, factor: float | None, exponent: float,
+def _stock_factor(choice: RopeChoice, n_ctx: int, n_ctx_orig: int) -> float:
+    """k of the stock methods linear/yarn: the one given, else the one Python chooses,
+    max(1, n_ctx / L) (llama.cpp takes ``rope_freq_scale = 1/k``, not an automatic k)."""
+    return choice.factor if choice.factor is not None else M.auto_factor(n_ctx, n_ctx_orig)
+
+
+def _resolve(meta: dict[str, Any], method: str | None, factor: float | None, exponent: float | None,
              logn: bool | None) -> RopeChoice | None:
     """The choice :func:`load` applies: None when the file's own keys decide (no method and no
-    log-n given); only log-n given keeps the file's method, k and b."""
+    log-n given); only log-n given keeps the file's method, k (auto stays auto) and b.
+    A factor or an exponent without a method is an error."""
+    if method is None and (factor is not None or exponent is not None):
+        raise GGUFRopeError("a factor k or an exponent b applies to a method chosen at load time: give the method "
+                            "too (without one, the model's own metadata decides)")
     if method is None and logn is None:
         return None
     if method is None:
-        return RopeChoice(meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, bool(logn))
+        m = METHODS[meta["method"] or "none"]
+        b = meta["exponent"] if m.uses_exponent and not meta.get("exponent_default") else None
+        return RopeChoice(m.name, meta["factor"] if m.uses_factor else None, b, bool(logn))
     return RopeChoice(method, factor, exponent, bool(logn) if logn is not None else False)
 
 
-def describe(
-    model_path: str | os.PathLike,
-    *,
-    method: str | None = None,
-    factor: float | None = None,
-    exponent: float = DEFAULT_EXPONENT,
-    logn: bool | None = None,
-    n_ctx: int = 4096,
-) -> str:
-    """One line naming the method :func:`load` applies with these arguments, k resolved,
-    e.g. ``rope: ntk-mixed, b = 0.625, k = 2 (auto: n_ctx 16384 / L 8192), log-n on (from the file)``."""
-    from .gguf_file import read_rope_metadata
+@dataclass(frozen=True)
+class RopeInUse:
+    """What a context loaded by :func:`load` applies (``llm.ggufrope``).
 
-    meta = read_rope_metadata(model_path)
-    L = meta["n_ctx_orig"]
-    choice = _resolve(meta, method, factor, exponent, logn)
+    ``method`` canonical; ``factor`` the k in use (NTK family: read back from the library;
+    linear/yarn: the k passed; None for none); ``auto`` whether k was left to the automatic
+    rule; ``exponent`` b (ntk-mixed) and ``exponent_default`` (b was not given); ``logn``;
+    ``source`` ``"from the file"`` or ``"chosen at load time"``; ``n_ctx`` as asked for (the
+    context may be larger: llama.cpp rounds it up to a multiple of 256) and ``n_ctx_seq`` as
+    the context has it (the context of one sequence, tokens); ``n_ctx_orig`` L; ``stock_scaling`` the file's
+    ``{arch}.rope.scaling.type`` (yarn/linear) or None, and ``stock_scaling_effect`` what
+    became of it: ``"kept"`` (no method, or method none from the file), ``"replaced"`` (an
+    NTK-family method, or linear/yarn chosen at load time) or ``"off"`` (none chosen at load
+    time: plain RoPE); ``library`` the patch version or None (stock)."""
+
+    method: str
+    factor: float | None
+    auto: bool
+    exponent: float | None
+    exponent_default: bool
+    logn: bool
+    source: str
+    n_ctx: int
+    n_ctx_seq: int
+    n_ctx_orig: int | None
+    stock_scaling: str | None
+    stock_scaling_effect: str | None
+    library: str | None
+
+    def line(self) -> str:
+        """One line, e.g. ``rope: ntk-mixed, b = 0.625, k = 4 (auto, resolved by llama.cpp at
+        n_ctx_seq 256, L 64), log-n on (from the file); llama.cpp patched 0.1.0``."""
+        m = METHODS[self.method]
+        kt = None
+        if m.uses_factor and self.factor is not None:
+            kt = f"{self.factor:g}"
+            if self.auto and m.ntk_family:
+                kt += f" (auto, resolved by llama.cpp at n_ctx_seq {self.n_ctx_seq}, L {self.n_ctx_orig})"
+            elif self.auto:
+                kt += f" (auto: n_ctx {self.n_ctx} / L {self.n_ctx_orig})"
+        bt = None if self.exponent is None else f"{self.exponent:g}" + (" (default)" if self.exponent_default else "")
+        s = M.summary(self.method, kt, bt, self.logn) + f" ({self.source})"
+        if self.stock_scaling:
+            s += {"kept": f"; the file's stock {self.stock_scaling} scaling stays in effect",
+                  "replaced": f"; replaces the file's stock {self.stock_scaling} scaling",
+                  "off": f"; the file's stock {self.stock_scaling} scaling is switched off"}[self.stock_scaling_effect]
+        lib = f"patched {self.library}" if self.library else "stock"
+        return f"rope: {s}; llama.cpp {lib}"
+
+
+def _in_use(llm: Any, meta: dict[str, Any], choice: RopeChoice | None, n_ctx: int, from_file: bool) -> RopeInUse:
+    import llama_cpp
+
     if choice is None:
-        m, k, b, ln, src = meta["method"] or "none", meta["factor"], meta["exponent"] or DEFAULT_EXPONENT, meta["logn"], "from the file"
+        m = METHODS[meta["method"] or "none"]
+        auto, b, b_default, ln, src = meta["factor"] is None, meta["exponent"], meta.get("exponent_default", False), \
+            meta["logn"], "from the file"
     else:
-        m, k, b, ln, src = choice.method, choice.factor, choice.exponent, choice.logn, "chosen at load time"
-    parts = [m]
-    if m == "ntk-mixed":
-        parts.append(f"b = {b:g}")
-    if m != "none":
-        parts.append(f"k = {k:g}" if k is not None else f"k = {auto_factor(n_ctx, L):g} (auto: n_ctx {n_ctx} / L {L})")
-    parts.append(f"log-n {'on' if ln else 'off'}")
+        m = METHODS[choice.method]
+        auto, b, b_default, ln = choice.factor is None, choice.exponent, choice.exponent_default, choice.logn
+        src = "from the file, log-n chosen at load time" if from_file else "chosen at load time"
+    if not m.uses_exponent:
+        b, b_default = None, False
     lib = library_version() if is_patched() else None
-    return f"rope: {', '.join(parts)} ({src}); llama.cpp {'patched ' + lib if lib else 'stock'}"
+    k: float | None = None
+    if m.ntk_family:
+        k = factor_in_use(llm)
+        if k is None:
+            raise GGUFRopeError(f"llama.cpp applies no NTK-family table although {m.name} was asked for; "
+                                "is the loaded library the patched one? (make build)")
+    elif choice is not None and m.stock and m.uses_factor:
+        k = _stock_factor(choice, n_ctx, meta["n_ctx_orig"])  # what llama_kwargs passed
+    st = meta.get("stock_scaling_type")
+    st = st if st in ("yarn", "linear") else None
+    effect = None
+    if st is not None:
+        effect = "replaced" if m.name != "none" else "kept" if from_file else "off"
+    ctx = llm.ctx
+    return RopeInUse(m.name, k, auto and m.uses_factor, b, b_default, bool(ln), src,
+                     n_ctx, int(llama_cpp.llama_n_ctx_seq(ctx)), meta["n_ctx_orig"],
+                     st, effect, lib)
+
+
+def describe(llm: Any) -> str:
+    """One line naming the method that ``llm`` (loaded by :func:`load`) applies, with the k in
+    use (for the NTK family as the library resolved it), e.g. ``rope: ntk-mixed, b = 0.625,
+    k = 2 (auto, resolved by llama.cpp at n_ctx_seq 16384, L 8192), log-n on (from the file);
+    llama.cpp patched 0.1.0``. Raises :class:`GGUFRopeError` for a model not loaded by
+    :func:`load`."""
+    info = getattr(llm, "ggufrope", None)
+    if not isinstance(info, RopeInUse):
+        raise GGUFRopeError("describe() needs a model loaded with ggufrope.runtime.load")
+    return info.line()
 
 
 def load(
@@ -190,7 +375,7 @@ def load(
     *,
     method: str | None = None,
     factor: float | None = None,
-    exponent: float = DEFAULT_EXPONENT,
+    exponent: float | None = None,
     logn: bool | None = None,
     n_ctx: int = 4096,
     n_gpu_layers: int = 0,
@@ -201,14 +386,17 @@ def load(
 
     ``method`` None and ``logn`` None: the file's own ggufrope keys decide (written by
     ``ggufrope set``). Otherwise the method (any of :data:`ggufrope.methods.METHODS` or an
-    alias), factor k (None: max(1, n_ctx / L)), exponent b and log-n replace them, through kv
-    overrides; the file is not rewritten. ``n_gpu_layers`` -1 offloads every layer.
+    alias), factor k (None: auto, see :func:`llama_kwargs`), exponent b (ntk-mixed only; None:
+    0.625) and log-n replace them, through kv overrides; the file is not rewritten. Only
+    ``logn`` given keeps the file's method, k and b. ``n_gpu_layers`` -1 offloads every layer.
     Other keyword arguments go to ``Llama`` (``flash_attn`` defaults to True, ``n_threads``
     to the machine's cores).
 
-    Returns a ``llama_cpp.Llama``. Raises :class:`GGUFRopeError` for an unreadable model, an
-    invalid choice, a method the loaded library would ignore (unpatched), or a model that
-    llama.cpp refuses to load (its message is in llama.cpp's log; pass ``verbose=True``).
+    Returns a ``llama_cpp.Llama`` whose attribute ``ggufrope`` (:class:`RopeInUse`) says what
+    its context applies, the factor k in use included (:func:`describe` prints it). Raises
+    :class:`GGUFRopeError` for an unreadable model, an invalid choice, a method the loaded
+    library would ignore (unpatched), or a model that llama.cpp refuses to load (its message is
+    in llama.cpp's log; pass ``verbose=True``).
     """
     from .gguf_file import read_rope_metadata
 
@@ -224,7 +412,7 @@ def load(
             raise GGUFRopeError(f"{os.fspath(model_path)}: no context length (L) in the file")
         if choice.needs_patch() or meta["ggufrope_keys"]:
             require_patched(f"method {choice.label}")
-        params = llama_kwargs(choice, arch, n_ctx, L)
+        params = llama_kwargs(choice, arch, n_ctx, L, keep_stock_scaling=method is None)
         if not is_patched():
             params.pop("kv_overrides")
     import llama_cpp
@@ -232,7 +420,7 @@ def load(
     kwargs.setdefault("flash_attn", True)
     kwargs.setdefault("n_threads", os.cpu_count() or 1)
     try:
-        return llama_cpp.Llama(
+        llm = llama_cpp.Llama(
             model_path=os.fspath(model_path), n_ctx=n_ctx, n_gpu_layers=n_gpu_layers, verbose=verbose, **params, **kwargs
         )
     except ValueError as e:
@@ -240,3 +428,5 @@ def load(
         raise GGUFRopeError(
             f"llama.cpp refused to load {os.fspath(model_path)} with {what} ({e}); run with --verbose for its log"
         ) from None
+    llm.ggufrope = _in_use(llm, meta, choice, n_ctx, from_file=method is None)
+    return llm

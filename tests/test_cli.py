@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import click
 import gguf
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -46,7 +48,7 @@ def test_set_show_reset_round_trip(small_gguf: Path, tmp_path: Path) -> None:
     out = tmp_path / "long.gguf"
     r = run("set", small_gguf, "--method", "mixed", "--b", "0.625", "--logn", "-o", out)
     assert r.exit_code == 0, r.output
-    assert r.stdout.startswith(f"wrote {out}: ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on")
+    assert r.stdout.startswith(f"wrote {out}: ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on")
 
     r = run("show", out)
     assert r.exit_code == 0
@@ -59,7 +61,7 @@ def test_set_show_reset_round_trip(small_gguf: Path, tmp_path: Path) -> None:
     assert "llama.rope.ntk.method         'ntk-mixed'" in text
     assert "llama.rope.ntk.exponent       0.625" in text
     assert "llama.attention.logn_scaling  true" in text
-    assert text.rstrip().endswith("method:        ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on")
+    assert text.rstrip().endswith("method:        ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on")
 
     r = run("set", out, "-m", "ntk", "-k", "2.7", "--no-logn", "--in-place")
     assert r.exit_code == 0
@@ -103,6 +105,45 @@ def test_set_note_goes_to_stderr(make_gguf, tmp_path) -> None:
     assert "ggufrope: note" not in r.stdout
 
 
+def test_set_and_show_say_the_method_replaces_a_stock_scaling(make_gguf, tmp_path) -> None:
+    """The library's rule (an NTK-family method replaces the file's stock yarn/linear scaling,
+    log-n alone keeps it), in set's note and in show's method line; never "on top of it"."""
+    p = make_gguf(scaling=("yarn", 4.0), orig_ctx=2048)
+    out = tmp_path / "o.gguf"
+    r = run("set", p, "-m", "mixed", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ("ggufrope: note: the file also has stock llama.cpp rope scaling llama.rope.scaling.type = 'yarn'; "
+                        "ggufrope's method ntk-mixed replaces it when the model loads (not stacked on it; L = 2048 from "
+                        "llama.rope.scaling.original_context_length)\n")
+    assert "on top" not in r.output
+    text = run("show", out).stdout
+    assert "stock scaling: yarn, factor 4.0" in text
+    assert text.rstrip().splitlines()[-1] == (
+        "method:        ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/2048)), log-n off; "
+        "replaces the file's stock llama.cpp rope scaling 'yarn' (factor 4.0)")
+    assert json.loads(run("show", "--json", out).stdout)["description"].endswith("replaces the file's stock llama.cpp "
+                                                                                 "rope scaling 'yarn' (factor 4.0)")
+    r = run("set", out, "-m", "none", "--logn", "--in-place")
+    assert r.exit_code == 0 and "method none keeps it (log-n applies beside it)" in r.stderr
+    assert run("show", out).stdout.rstrip().endswith(
+        "method:        none, log-n on; the file's stock llama.cpp rope scaling 'yarn' (factor 4.0) stays in effect")
+
+
+def test_show_ntk_mixed_file_without_exponent(tmp_path) -> None:
+    """A valid file (the library loads it with b = 0.625) that ggufrope did not write: show
+    reports the default b, as text and as JSON; no traceback."""
+    from tiny_models import write_tiny_llama
+
+    m = write_tiny_llama(tmp_path / "m.gguf", seed=3, extra_kv={"{arch}.rope.ntk.method": "ntk-mixed"})
+    r = run("show", m.path)
+    assert r.exit_code == 0, r.output
+    assert "  llama.rope.ntk.method  'ntk-mixed'\n" in r.stdout and "llama.rope.ntk.exponent" not in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1] == "method:        ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/64)), log-n off"
+    meta = json.loads(run("show", "--json", m.path).stdout)
+    assert meta["exponent"] == 0.625 and meta["exponent_default"] is True and meta["factor"] is None
+    assert meta["ggufrope_keys"] == {"llama.rope.ntk.method": "ntk-mixed"}
+
+
 def test_each_method_through_the_cli(small_gguf, tmp_path) -> None:
     for args, want in [
         (["-m", "none"], {"llama.rope.ntk.method": "none", "llama.attention.logn_scaling": False}),
@@ -138,7 +179,8 @@ def test_each_method_through_the_cli(small_gguf, tmp_path) -> None:
         (["set", "{model}", "-m", "ntk", "-o", "{model}"], "is the input file; use --in-place"),
         (["reset", "{model}"], "give -o OUT"),
         (["reset", "{model}", "-o", "{model}"], "is the input file"),
-        (["set", "{bert}", "-m", "ntk", "-o", "{out}"], "architecture 'bert' has no RoPE"),
+        (["set", "{gpt2}", "-m", "ntk", "-o", "{out}"], "architecture 'gpt2' is not served by the patched llama.cpp"),
+        (["set", "{vl}", "-m", "none", "--logn", "-o", "{out}"], "architecture 'qwen2vl' is not served"),
         (["set", "{model}", "-m", "ntk", "-o", "{dir}"], "is a directory"),
     ],
 )
@@ -151,7 +193,8 @@ def test_errors_are_one_line_exit_2(small_gguf, make_gguf, tmp_path, args, msg) 
         "{notgguf}": tmp_path / "junk.bin",
         "{model}": small_gguf,
         "{out}": tmp_path / "out.gguf",
-        "{bert}": make_gguf("bert.gguf", arch="bert", rope=False),
+        "{gpt2}": make_gguf("gpt2.gguf", arch="gpt2", rope=False),
+        "{vl}": make_gguf("vl.gguf", arch="qwen2vl"),
     }
     before = small_gguf.read_bytes()
     r = run(*[subst.get(a, a) for a in args])
@@ -322,3 +365,208 @@ def test_no_permission_is_one_line_exit_2(small_gguf, tmp_path) -> None:
         os.chmod(unreadable, 0o644)
         os.chmod(rodir, 0o755)
     assert readonly.read_bytes() == small_gguf.read_bytes() and os.listdir(rodir) == []
+
+
+# --------------------------------------------------------------------------- loading: the k in use
+#
+# Tiny random models (tests/tiny_models.py): L = n_ctx_train = 64. The patched library pads
+# n_ctx up to a multiple of 256 and resolves the automatic k from n_ctx_seq = padded n_ctx /
+# n_seq_max: at n_ctx 200 that is 256 / 64 = 4, where n_ctx / L would be 3.125.
+
+TINY_L = 64
+N_CTX = 200  # not a multiple of 256
+K_LIB = 256 / TINY_L  # 4.0: what the library resolves at N_CTX
+K_NAIVE = N_CTX / TINY_L  # 3.125: what Python computed before
+
+
+def _tiny(tmp_path, name: str, seed: int = 11, **kv):
+    from tiny_models import write_tiny_llama
+
+    extra = {f"{{arch}}.{k}": v for k, v in kv.items()}
+    # no space prefix: a prompt of the vocabulary's pieces ("t5t6t7") tokenizes without the
+    # byte fallback the tiny vocabulary lacks (llama.cpp aborts on a missing byte token)
+    extra["tokenizer.ggml.add_space_prefix"] = False
+    return write_tiny_llama(tmp_path / name, seed=seed, extra_kv=extra)
+
+
+PROMPT = "t5t6t7t8"  # pieces of the tiny vocabulary
+
+
+def _require_factor_symbol() -> None:
+    import llama_cpp
+
+    assert hasattr(llama_cpp.llama_cpp._lib, "llama_ggufrope_factor"), \
+        "the installed patched llama.cpp lacks llama_ggufrope_factor: rebuild it (make build)"
+
+
+def _logits(path, tokens, **load_kw) -> tuple[np.ndarray, object]:
+    from ggufrope import runtime
+
+    llm = runtime.load(path, n_ctx=N_CTX, logits_all=True, n_threads=2, n_threads_batch=2, flash_attn=False,
+                       type_k=0, type_v=0, **load_kw)
+    llm.eval(tokens)
+    out = np.array(llm.scores[: len(tokens)], dtype=np.float64)
+    info = llm.ggufrope
+    del llm
+    return out, info
+
+
+def _tokens(n: int = 190, seed: int = 0) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(4, 96, size=n)]
+
+
+def test_auto_k_printed_is_the_librarys(tmp_path, patched_lib) -> None:
+    """n_ctx 200, L 64: the k that load reports and generate prints is the library's 4, and it
+    is the k of the table applied (same logits as an explicit k = 4, not as 3.125)."""
+    from ggufrope import runtime
+
+    _require_factor_symbol()
+    m = _tiny(tmp_path, "auto.gguf", **{"rope.ntk.method": "ntk-mixed", "attention.logn_scaling": True})
+    toks = _tokens()
+    auto, info = _logits(m.path, toks)
+    assert info.factor == K_LIB and info.auto and info.n_ctx_seq == 256
+    assert info.method == "ntk-mixed" and info.exponent == 0.625 and info.exponent_default and info.logn
+    explicit, info4 = _logits(m.path, toks, method="ntk-mixed", factor=K_LIB, logn=True)
+    assert info4.factor == K_LIB and not info4.auto
+    naive, _ = _logits(m.path, toks, method="ntk-mixed", factor=K_NAIVE, logn=True)
+    assert np.array_equal(auto, explicit)
+    assert np.abs(auto - naive).max() > 1e-3
+    # chosen at load time with k left out: auto as well, resolved by the library
+    chosen, info_c = _logits(m.path, toks, method="ntk-mixed", logn=True)
+    assert info_c.factor == K_LIB and info_c.auto and np.array_equal(chosen, auto)
+
+    r = CliRunner().invoke(main, ["generate", str(m.path), "-p", PROMPT, "-n", "1", "-c", str(N_CTX), "-t", "2"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    line = [x for x in r.stderr.splitlines() if x.startswith("[ggufrope] rope:")]
+    assert line == [f"[ggufrope] rope: ntk-mixed, b = 0.625 (default), k = 4 (auto, resolved by llama.cpp at "
+                    f"n_ctx_seq 256, L 64), log-n on (from the file); llama.cpp patched {runtime.library_version()}"]
+    assert "3.125" not in r.stderr
+
+
+def test_logn_on_the_command_line_keeps_the_files_k_and_table(tmp_path, patched_lib) -> None:
+    """--logn given alone keeps the file's method, k (auto stays the library's auto) and b: the
+    same logits as a file that says log-n itself."""
+    _require_factor_symbol()
+    plain = _tiny(tmp_path, "plain.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5})
+    with_logn = _tiny(tmp_path, "logn.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5,
+                                                "attention.logn_scaling": True})
+    toks = _tokens(seed=1)
+    a, ia = _logits(plain.path, toks, logn=True)
+    b, ib = _logits(with_logn.path, toks)
+    assert ia.factor == ib.factor == K_LIB and ia.exponent == ib.exponent == 0.5
+    assert ia.logn and ib.logn
+    assert np.array_equal(a, b)
+    off, _ = _logits(plain.path, toks)
+    assert np.abs(a[TINY_L + 1:] - off[TINY_L + 1:]).max() > 1e-4  # log-n did reach the library
+
+    r = CliRunner().invoke(main, ["generate", str(plain.path), "-p", PROMPT, "-n", "1", "-c", str(N_CTX), "--logn",
+                                  "-t", "2"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert "[ggufrope] rope: ntk-mixed, b = 0.5, k = 4 (auto, resolved by llama.cpp at n_ctx_seq 256, L 64), " \
+           "log-n on (from the file, log-n chosen at load time)" in r.stderr
+
+
+def test_auto_k_with_two_sequences(tmp_path, patched_lib) -> None:
+    """Low-level context with n_seq_max = 2 at n_ctx 512: each sequence sees 256 tokens, so the
+    library's k is 256 / 64 = 4 (8 with one sequence)."""
+    import llama_cpp
+
+    from ggufrope import runtime
+
+    _require_factor_symbol()
+    m = _tiny(tmp_path, "seq.gguf", **{"rope.ntk.method": "ntk"})
+    model = llama_cpp.llama_model_load_from_file(str(m.path).encode(), llama_cpp.llama_model_default_params())
+    assert model
+    try:
+        for n_seq, want in [(2, 4.0), (1, 8.0)]:
+            cp = llama_cpp.llama_context_default_params()
+            cp.n_ctx, cp.n_seq_max = 512, n_seq
+            ctx = llama_cpp.llama_init_from_model(model, cp)
+            assert ctx
+            try:
+                assert llama_cpp.llama_n_ctx_seq(ctx) == 512 // n_seq
+                assert runtime.factor_in_use(ctx) == want
+            finally:
+                llama_cpp.llama_free(ctx)
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def test_k_of_stock_methods_is_what_was_passed(tmp_path, patched_lib) -> None:
+    """linear/yarn: Python chooses k (max(1, n_ctx / L) = 3.125 here) and passes
+    rope_freq_scale = 1/k; what is printed is that k; a none/log-n context applies no
+    NTK-family table (k None)."""
+    from ggufrope import runtime
+
+    _require_factor_symbol()
+    m = _tiny(tmp_path, "s.gguf")
+    for method in ("linear", "yarn"):
+        llm = runtime.load(m.path, method=method, n_ctx=N_CTX, n_threads=2)
+        assert llm.ggufrope.factor == K_NAIVE
+        assert math.isclose(1.0 / llm.context_params.rope_freq_scale, K_NAIVE, rel_tol=1e-6)
+        assert f"{method}, k = 3.125 (auto: n_ctx 200 / L 64)" in runtime.describe(llm)
+        assert runtime.factor_in_use(llm) is None  # not an NTK-family table
+        del llm
+    llm = runtime.load(m.path, method="none", logn=True, n_ctx=N_CTX, n_threads=2)
+    assert llm.ggufrope.factor is None and runtime.factor_in_use(llm) is None
+    assert runtime.describe(llm).startswith("rope: none, log-n on (chosen at load time)")
+
+
+def test_ntk_mixed_file_without_exponent_loads_and_describes(tmp_path, patched_lib) -> None:
+    """The file the library accepts with b = 0.625: runtime.load and describe work (no
+    TypeError), and the default b said is the library's (same logits as b = 0.625 written)."""
+    from ggufrope import runtime
+
+    _require_factor_symbol()
+    bare = _tiny(tmp_path, "bare.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.factor": 2.0})
+    full = _tiny(tmp_path, "full.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.factor": 2.0,
+                                           "rope.ntk.exponent": 0.625})
+    toks = _tokens(seed=2)
+    a, ia = _logits(bare.path, toks)
+    b, _ = _logits(full.path, toks)
+    assert np.array_equal(a, b)
+    assert ia.exponent == 0.625 and ia.exponent_default and ia.factor == 2.0 and not ia.auto
+    llm = runtime.load(bare.path, n_ctx=N_CTX, n_threads=2)
+    assert runtime.describe(llm).startswith("rope: ntk-mixed, b = 0.625 (default), k = 2, log-n off (from the file)")
+    r = CliRunner().invoke(main, ["generate", str(bare.path), "-p", PROMPT, "-n", "1", "-c", str(N_CTX), "-t", "2"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+
+
+def test_describe_says_what_became_of_a_stock_scaling(tmp_path, patched_lib) -> None:
+    """A file with stock yarn: its NTK-family method replaces it; --method none switches it off;
+    the file's own method none (log-n alone) keeps it, with --logn given or not."""
+    from gguf import GGUFValueType as GVT
+
+    from ggufrope import runtime
+
+    _require_factor_symbol()
+    stock = {"rope.scaling.type": "yarn", "rope.scaling.factor": 2.0,
+             "rope.scaling.original_context_length": (32, GVT.UINT32)}
+    m = _tiny(tmp_path, "y.gguf", **stock, **{"rope.ntk.method": "ntk"})
+    llm = runtime.load(m.path, n_ctx=N_CTX, n_threads=2)
+    assert llm.ggufrope.factor == 256 / 32  # L = original_context_length
+    assert "; replaces the file's stock yarn scaling;" in runtime.describe(llm)
+    del llm
+    n = _tiny(tmp_path, "n.gguf", **stock, **{"rope.ntk.method": "none"})
+    for kw, want in [({}, "stays in effect"), ({"logn": True}, "stays in effect"),
+                     ({"method": "none"}, "is switched off"), ({"method": "ntk"}, "replaces the file's stock yarn")]:
+        llm = runtime.load(n.path, n_ctx=N_CTX, n_threads=2, **kw)
+        assert want in runtime.describe(llm), (kw, runtime.describe(llm))
+        del llm
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["-k", "2"], "give the method too"),
+    (["--b", "0.5"], "give the method too"),
+    (["-m", "none", "-k", "2"], "a factor k has no effect with method 'none'"),
+    (["-m", "ntk", "--b", "0.5"], "the exponent b applies to ntk-mixed only, not to 'ntk'"),
+    (["-m", "mixed", "--b", "1.5"], "exponent b must be in (0, 1]"),
+    (["-m", "ntk", "-k", "0"], "factor k must be finite and >= 1"),
+])
+def test_generate_bad_choices_are_one_line_exit_2(tmp_path, args, msg) -> None:
+    m = _tiny(tmp_path, "g.gguf")
+    r = CliRunner().invoke(main, ["generate", str(m.path), "-p", PROMPT, "-n", "1", "-c", "64", *args])
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("ggufrope: error: ") and msg in r.stderr

@@ -343,3 +343,29 @@ def test_published_results_are_the_cached_units(smollm2, tmp_path):
     assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
     for line in rows:
         assert line in md, line
+
+
+# --- f. the factor k the evaluation applies --------------------------------------------------------
+
+
+def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monkeypatch):
+    """The grid's rule, on a tiny model (L = 64) at an n_ctx that is not a multiple of 256: every
+    method that takes k gets k = n_ctx / L = 3.125 explicitly (not the library's auto, which would
+    be 256 / 64 = 4 here), the k read back from the context is that one, and a library that
+    applied another k would be caught."""
+    from tiny_models import write_tiny_llama
+
+    from ggufrope import runtime
+
+    m = write_tiny_llama(tmp_path / "t.gguf", seed=4)
+    for st in (E.Setting("ntk-mixed"), E.Setting("ntk", logn=True), E.Setting("linear"), E.Setting("yarn")):
+        llm = E.load_model(m.path, st, 200, threads=2)
+        assert llm.ggufrope.factor == 3.125 and not llm.ggufrope.auto, st
+        assert st.label(200, 64).endswith("k=3.125" + (" + log-n" if st.logn else ""))
+        del llm
+    llm = E.load_model(m.path, E.Setting("none", logn=True), 200, threads=2)
+    assert llm.ggufrope.factor is None
+    del llm
+    monkeypatch.setattr(runtime, "factor_in_use", lambda llm: 4.0)
+    with pytest.raises(E.GGUFRopeError, match="llama.cpp applies k = 4.0 where k = 3.125 was passed"):
+        E.load_model(m.path, E.Setting("ntk-mixed"), 200, threads=2)

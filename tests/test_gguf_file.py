@@ -150,7 +150,48 @@ def test_rope_dims_inferred_without_dimension_count(make_gguf) -> None:
     p = make_gguf(rope=False)  # llama without rope keys: 64 / 4 heads
     m = G.read_rope_metadata(p)
     assert m["rope_dims"] == 16 and "head_count" in m["rope_dims_source"]
-    assert m["freq_base"] is None and m["has_rope"]
+    assert m["freq_base"] is None and m["has_rope"] is False  # has_rope: the file has rope keys
+
+
+def _with_ggufrope_keys(tmp_path: Path, name: str, **values) -> Path:
+    """A llama file whose ggufrope keys are written raw (as another tool might), not by set."""
+    parts = [kv_str("general.architecture", "llama"), kv_u32("llama.context_length", 4096)]
+    for k, v in values.items():
+        key = {"method": K.KEY_METHOD, "factor": K.KEY_FACTOR, "exponent": K.KEY_EXPONENT, "logn": K.KEY_LOGN}[k]
+        key = K.key(key, "llama")
+        if k == "method":
+            parts.append(kv_str(key, v))
+        elif k == "logn":
+            parts.append(kv(key, VT.BOOL, struct.pack("<?", v)))
+        else:
+            parts.append(kv(key, VT.FLOAT32, struct.pack("<f", v)))
+    data = raw_gguf(parts)
+    return write(tmp_path, data + bytes(-len(data) % 32), name)
+
+
+def test_ntk_mixed_without_exponent_reads_the_default(tmp_path) -> None:
+    """The library loads an ntk-mixed file without the exponent key with b = 0.625: read and
+    described as such, no TypeError."""
+    p = _with_ggufrope_keys(tmp_path, "m.gguf", method="ntk-mixed", logn=True)
+    m = G.read_rope_metadata(p)
+    assert m["method"] == "ntk-mixed" and m["exponent"] == 0.625 and m["exponent_default"] is True
+    assert m["factor"] is None
+    assert m["description"] == "ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/4096)), log-n on"
+    assert "llama.rope.ntk.exponent" not in m["ggufrope_keys"]
+    p2 = _with_ggufrope_keys(tmp_path, "m2.gguf", method="ntk-mixed", exponent=0.5)
+    m2 = G.read_rope_metadata(p2)
+    assert m2["exponent"] == 0.5 and m2["exponent_default"] is False
+    assert m2["description"].startswith("ntk-mixed, b = 0.5, k = auto")
+
+
+def test_factor_zero_in_the_file_is_auto(tmp_path) -> None:
+    p = _with_ggufrope_keys(tmp_path, "z.gguf", method="ntk", factor=0.0)
+    m = G.read_rope_metadata(p)
+    assert m["factor"] is None and m["ggufrope_keys"]["llama.rope.ntk.factor"] == 0.0
+    assert m["description"] == "ntk, k = auto (max(1, n_ctx_seq/4096)), log-n off"
+    bad = _with_ggufrope_keys(tmp_path, "b.gguf", method="ntk", factor=0.5)
+    with pytest.raises(GGUFRopeError, match="factor k must be finite and >= 1"):
+        G.read_rope_metadata(bad)
 
 
 # --------------------------------------------------------------------------- set
@@ -268,7 +309,7 @@ def test_reset_then_set_round_trip_via_show(small_gguf, tmp_path) -> None:
     a = tmp_path / "a.gguf"
     G.write_rope_metadata(small_gguf, a, method="mixed", exponent=0.625, logn=True)
     m = G.read_rope_metadata(a)
-    assert m["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx/8192)), log-n on"
+    assert m["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on"
     G.reset_rope_metadata(a, a)
     assert G.read_rope_metadata(a)["method"] is None
     assert a.read_bytes() == small_gguf.read_bytes()
@@ -795,23 +836,130 @@ def test_permission_error_message(small_gguf, monkeypatch) -> None:
         G.write_rope_metadata(small_gguf, small_gguf, method="ntk")
 
 
-def test_no_rope_architecture_refused(make_gguf, tmp_path) -> None:
-    p = make_gguf(arch="bert", rope=False)
-    with pytest.raises(GGUFRopeError, match="architecture 'bert' has no RoPE"):
-        G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
-    assert G.read_rope_metadata(p)["has_rope"] is False
-    # the rule: rope keys present -> accepted whatever the name; known rope arch -> accepted
-    G.write_rope_metadata(make_gguf("b.gguf", arch="newarch", rope=True), tmp_path / "o2.gguf", method="ntk")
-    G.write_rope_metadata(make_gguf("c.gguf", arch="qwen2", rope=False), tmp_path / "o3.gguf", method="ntk")
+# Anchors known from the model side, not from ggufrope: llama and qwen2 are loaded with every
+# method by the tiny-model tests (NORMAL and NEOX rope), gemma3 is the second real model family;
+# qwen2vl ropes with M-RoPE (test_patched_model: it refuses to load a method); deepseek2 (MLA)
+# and llama4 (chunked attention) rope other tensors than per-layer Q/K; gpt2 has no rope. bert:
+# llama.cpp's rope-type table says NEOX (for nomic-bert), but plain BERT's graph
+# (src/models/bert.cpp) has no rope at all (absolute position embeddings), so the library
+# refuses a method for it when the context is created ("0 of 0 rope ops"): set must refuse it.
+SERVED = ["llama", "qwen2", "qwen3", "gemma3", "mistral3"]
+NOT_SERVED = ["bert", "qwen2vl", "deepseek2", "llama4", "gpt2", "no-such-arch", "llama\nx"]
+
+
+def test_set_accepts_exactly_the_architectures_the_library_serves(make_gguf, tmp_path, patched_lib) -> None:
+    """One list for set and the library: what set accepts is what
+    llama_ggufrope_arch_supported says, asked here through llama_cpp's own handle."""
+    import ctypes
+
+    import llama_cpp
+
+    f = llama_cpp.llama_cpp._lib.llama_ggufrope_arch_supported
+    f.argtypes, f.restype = [ctypes.c_char_p], ctypes.c_bool
+    library = {}
+    for i, arch in enumerate(SERVED + NOT_SERVED):
+        src = make_gguf(f"a{i}.gguf", arch=arch, rope=arch != "bert")
+        out = tmp_path / f"o{i}.gguf"
+        served = library[arch] = bool(f(arch.encode()))
+        if served:
+            G.write_rope_metadata(src, out, method="ntk")
+            assert G.read_rope_metadata(out)["method"] == "ntk"
+        else:
+            with pytest.raises(GGUFRopeError) as ei:
+                G.write_rope_metadata(src, out, method="ntk")
+            msg = str(ei.value)
+            assert f"architecture {arch!r} is not served by the patched llama.cpp" in msg and "\n" not in msg
+            assert not out.exists()
+    # set follows the library whatever it says (above); and the library is right on the anchors
+    wrong = {a: served for a, served in library.items() if served != (a in SERVED)}
+    assert not wrong, f"llama_ggufrope_arch_supported disagrees with the model graphs on {wrong}"
+    # a file without rope keys of a served architecture is accepted (converters may omit them)
+    G.write_rope_metadata(make_gguf("c.gguf", arch="qwen2", rope=False), tmp_path / "c-o.gguf", method="ntk")
+    assert G.read_rope_metadata(make_gguf("bert.gguf", arch="bert", rope=False))["has_rope"] is False
+
+
+def test_set_without_a_patched_library_refuses(small_gguf, tmp_path, monkeypatch) -> None:
+    """No llama-cpp-python, a directory without libllama, a stock library: a clear message."""
+    import importlib.util
+    import sys
+
+    from ggufrope import runtime
+
+    out = tmp_path / "o.gguf"
+    monkeypatch.setattr(runtime, "_light", None)
+    monkeypatch.delitem(sys.modules, "llama_cpp.llama_cpp", raising=False)
+    monkeypatch.delenv("LLAMA_CPP_LIB_PATH", raising=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(GGUFRopeError, match="needs the patched llama.cpp library, and llama-cpp-python is not installed"):
+        G.write_rope_metadata(small_gguf, out, method="ntk")
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("LLAMA_CPP_LIB_PATH", str(tmp_path / "empty"))
+    with pytest.raises(GGUFRopeError, match="there is no libllama.so in"):
+        G.write_rope_metadata(small_gguf, out, method="ntk")
+    assert not out.exists()
+
+
+def test_set_refuses_with_a_stock_library(small_gguf, tmp_path) -> None:
+    """For real, in a child process whose libllama is the unpatched build (bench/build-stock.sh),
+    when this machine has one."""
+    import subprocess
+    import sys
+
+    build = Path(__file__).resolve().parents[1] / "build"
+    stock = next((d for d in (build / "stock-lib", build / "cmake-stock" / "bin") if (d / "libllama.so").exists()), None)
+    if stock is None:
+        pytest.skip("no unpatched build in build/stock-lib (bench/build-stock.sh)")
+    env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(stock), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-m", "ggufrope", "set", str(small_gguf), "-m", "ntk", "-o", str(tmp_path / "o.gguf")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "the installed llama-cpp-python library is stock" in p.stderr
+
+
+def test_set_asks_the_library_without_importing_llama_cpp(small_gguf, tmp_path) -> None:
+    """The architecture check opens libllama with ctypes; the llama_cpp package (about half a
+    second to import) stays out of `ggufrope set`."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from ggufrope import gguf_file as G; "
+            f"G.write_rope_metadata({str(small_gguf)!r}, {str(tmp_path / 'o.gguf')!r}, method='ntk'); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'llama_cpp'))")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
 
 
 def test_stock_scaling_is_noted_not_touched(make_gguf, tmp_path) -> None:
+    """The library's rule: an NTK-family method replaces a stock yarn/linear scaling of the
+    file (L = original_context_length), method none (log-n alone) keeps it. set says so and
+    leaves the stock keys in the file; show's method line says so."""
     p = make_gguf(scaling=("linear", 2.0))
     out = tmp_path / "o.gguf"
     r = G.write_rope_metadata(p, out, method="ntk")
-    assert any("stock llama.cpp rope scaling" in n for n in r.notes)
+    assert r.notes == ("the file also has stock llama.cpp rope scaling llama.rope.scaling.type = 'linear'; "
+                       "ggufrope's method ntk replaces it when the model loads (not stacked on it; "
+                       "L = 8192 from llama.context_length)",)
     f = reader_fields(out)
     assert f["llama.rope.scaling.type"] == (VT.STRING, "linear")
+    m = G.read_rope_metadata(out)
+    assert m["description"] == ("ntk, k = auto (max(1, n_ctx_seq/8192)), log-n off; "
+                                "replaces the file's stock llama.cpp rope scaling 'linear' (factor 2.0)")
+    assert r.description == m["description"]
+
+    y = make_gguf("y.gguf", scaling=("yarn", 4.0), orig_ctx=2048)
+    r = G.write_rope_metadata(y, out, method="mixed", factor=3.0)
+    assert len(r.notes) == 1 and "ggufrope's method ntk-mixed replaces it" in r.notes[0]
+    assert "L = 2048 from llama.rope.scaling.original_context_length" in r.notes[0]
+    assert G.read_rope_metadata(out)["description"].endswith("replaces the file's stock llama.cpp rope scaling 'yarn' (factor 4.0)")
+    r = G.write_rope_metadata(y, out, method="none", logn=True)
+    assert r.notes == ("the file also has stock llama.cpp rope scaling llama.rope.scaling.type = 'yarn'; "
+                       "method none keeps it (log-n applies beside it)",)
+    assert G.read_rope_metadata(out)["description"] == (
+        "none, log-n on; the file's stock llama.cpp rope scaling 'yarn' (factor 4.0) stays in effect")
 
 
 @pytest.mark.parametrize(
@@ -842,7 +990,6 @@ def test_stock_scaling_is_noted_not_touched(make_gguf, tmp_path) -> None:
         (raw_gguf([kv_u32("general.alignment", 0)]), "not a power of two"),
         (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 0, 0)), "truncated tensor data"),
         (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<I", 5) + b"\0" * 52), "5 dimensions"),
-        (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 999, 0)), "unknown ggml type 999"),
         (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 4, 0, 3)), "not a multiple of the alignment"),
         (raw_gguf(LLAMA_KVS, n_tensors=1, tail=pstr("t") + struct.pack("<IQIQ", 1, 33, 8, 0)), "not a multiple of its block size 32"),
         (raw_gguf(LLAMA_KVS, n_tensors=2, tail=(pstr("t") + struct.pack("<IQIQ", 1, 1, 0, 0)) * 2), "duplicate tensor name"),
@@ -887,6 +1034,51 @@ def test_wrong_types_and_values_of_known_keys(tmp_path, kvs, msg, where) -> None
         G.write_rope_metadata(p, tmp_path / "o.gguf", method="ntk")
         assert G.read_rope_metadata(tmp_path / "o.gguf")["method"] == "ntk"
     assert p.read_bytes() == data
+
+
+def _patch_tensor_type(path: Path, name: str, new_type: int) -> None:
+    """Overwrite the ggml type field of tensor ``name``'s info record (walked by hand:
+    name string, n_dims u32, n_dims u64 dims, type u32, offset u64)."""
+    h = G.read_header(path)
+    raw = bytearray(path.read_bytes())
+    pos = h.tensor_info_start
+    for t in h.tensors:
+        (n,) = struct.unpack_from("<Q", raw, pos)
+        assert raw[pos + 8 : pos + 8 + n].decode() == t.name
+        pos += 8 + n
+        (nd,) = struct.unpack_from("<I", raw, pos)
+        pos += 4 + 8 * nd
+        if t.name == name:
+            struct.pack_into("<I", raw, pos, new_type)
+            path.write_bytes(bytes(raw))
+            return
+        pos += 4 + 8
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("ggml_type", [42, 999])
+def test_tensor_types_unknown_to_gguf_py_pass_through(make_gguf, tmp_path, ggml_type) -> None:
+    """42 is Q2_0, which the pinned ggml loads and the installed gguf-py does not list: a header
+    rewrite reuses offsets and needs no type sizes, so set and reset keep such a tensor, its type
+    field and its bytes."""
+    with pytest.raises(ValueError):
+        gguf.GGMLQuantizationType(ggml_type)  # the premise: gguf-py does not know it
+    src = make_gguf()
+    _patch_tensor_type(src, "blk.0.attn_q.weight", ggml_type)
+    h = G.read_header(src)
+    t = {t.name: t for t in h.tensors}["blk.0.attn_q.weight"]
+    assert t.ggml_type == ggml_type and t.nbytes is None
+    out, back = tmp_path / "o.gguf", tmp_path / "back.gguf"
+    r = G.write_rope_metadata(src, out, method="mixed", logn=True)
+    assert r.data_bytes == h.file_size - h.data_offset
+    ho = G.read_header(out)
+    assert ho.tensors == h.tensors
+    assert data_hash(src, h.data_offset) == data_hash(out, ho.data_offset)
+    assert G.read_rope_metadata(out)["method"] == "ntk-mixed"
+    G.write_rope_metadata(out, out, method="ntk", factor=2.0)  # in place, header only
+    assert G.read_header(out).tensors == h.tensors
+    G.reset_rope_metadata(out, back)
+    assert back.read_bytes() == src.read_bytes()
 
 
 def test_every_truncation_of_the_header_is_a_clean_error(make_gguf, tmp_path) -> None:
