@@ -50,8 +50,9 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
     else:
         assert runtime.is_patched(), "patched config loaded a stock library"
         method, logn = {"none": ("none", False), "mixed": ("ntk-mixed", False), "mixed+logn": ("ntk-mixed", True)}[config]
-        llm = runtime.load(model, method=method, factor=2.0, exponent=0.625, logn=logn, n_ctx=n_ctx, n_batch=512,
-                           n_ubatch=512, n_threads=threads, n_threads_batch=threads)
+        kb = {"factor": 2.0, "exponent": 0.625} if method == "ntk-mixed" else {}  # k and b only where they apply
+        llm = runtime.load(model, method=method, logn=logn, n_ctx=n_ctx, n_batch=512,
+                           n_ubatch=512, n_threads=threads, n_threads_batch=threads, **kb)
     text = load_text(documents()[0].name)
     tokens = llm.tokenize(text.encode(), add_bos=True)
     prompt = tokens[:n]
