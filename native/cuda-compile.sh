@@ -44,15 +44,16 @@ if [ ! -f "$NVCC_INC/cublas_v2.h" ]; then
     HDR=$BUILD/cuda-include/nvidia/cu13/include
     if [ ! -f "$HDR/cublas_v2.h" ]; then
         echo "cuda-compile: cuBLAS headers missing from the CUDA toolkit; taking them from nvidia-cublas $CUBLAS_WHEEL_VERSION" >&2
-        mkdir -p "$BUILD/dl" "$BUILD/cuda-include"
-        WHL=$(ls "$BUILD"/dl/nvidia_cublas-$CUBLAS_WHEEL_VERSION-*.whl 2>/dev/null | head -n1 || true)
-        if [ -z "$WHL" ]; then
-            "$VENV/bin/python" -m pip download --quiet --no-deps "nvidia-cublas==$CUBLAS_WHEEL_VERSION" -d "$BUILD/dl" \
-                || die "could not download nvidia-cublas $CUBLAS_WHEEL_VERSION"
-            WHL=$(ls "$BUILD"/dl/nvidia_cublas-$CUBLAS_WHEEL_VERSION-*.whl | head -n1)
-        fi
-        (cd "$BUILD/cuda-include" && "$VENV/bin/python" -m zipfile -e "$WHL" . >/dev/null 2>&1 || true)
-        [ -f "$HDR/cublas_v2.h" ] || unzip -q -o "$WHL" 'nvidia/cu13/include/*' -d "$BUILD/cuda-include"
+        mkdir -p "$BUILD" && DL=$(mktemp -d "$BUILD/cublas-dl.XXXXXX")
+        "$VENV/bin/python" -m pip download --quiet --no-deps "nvidia-cublas==$CUBLAS_WHEEL_VERSION" -d "$DL" \
+            || { rm -rf "$DL"; die "could not download nvidia-cublas $CUBLAS_WHEEL_VERSION"; }
+        # the headers only (about 1 MB of a 400 MB wheel); the wheel is not kept
+        "$VENV/bin/python" - "$DL"/nvidia_cublas-*.whl "$BUILD/cuda-include" <<'PY' || { rm -rf "$DL"; die "could not unpack the cuBLAS headers"; }
+import sys, zipfile
+z = zipfile.ZipFile(sys.argv[1])
+z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("nvidia/cu13/include/")])
+PY
+        rm -rf "$DL"
     fi
     [ -f "$HDR/cublas_v2.h" ] || die "no cublas_v2.h"
     INC=(-I "$HDR")
