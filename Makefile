@@ -1,7 +1,9 @@
 # ggufrope — see README.md
 #   make build        patched llama-cpp-python into .venv (CPU; CUDA=1 for CUDA, CUDA_ARCH=90 to pick archs)
 #   make demo         the main job on the default model: build, fetch, set mixed + log-n, generate at n_ctx 16384
-#   make test         the test suite (what CI runs)
+#   make demo MODEL=gemma3   the same on Gemma 3 270M (L = 32768): ~34,800-token prompt at n_ctx 40960
+#   make test         the test suite (what CI runs); builds the unpatched library too (make stock)
+#   make stock        the UNPATCHED llama.cpp of the same sdist into build/stock-lib (incremental)
 #   make results-report  docs/results/ (table, JSON, plot) from the committed per-unit results
 
 PYTHON   ?= python3
@@ -9,9 +11,14 @@ VENV     := .venv
 PY       := $(VENV)/bin/python
 CUDA     ?= $(shell nvidia-smi -L >/dev/null 2>&1 && command -v nvcc >/dev/null 2>&1 && echo 1 || echo 0)
 DEMO_DIR := build/demo
+MODEL    ?= smollm2
+# per model: n_ctx of the demo (above the model's L; the prompt is ggufrope.corpus.DEMO_PROMPTS)
+DEMO_NCTX_smollm2 := 16384
+DEMO_NCTX_gemma3  := 40960
+DEMO_NCTX := $(DEMO_NCTX_$(MODEL))
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build model demo test test-slow results-report cuda-compile test-backend-ops gpu-check clean distclean
+.PHONY: all venv build stock model demo test test-slow results-report cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -26,17 +33,23 @@ venv: $(VENV)/.deps
 build: venv
 	CUDA=$(CUDA) native/build.sh
 
+# the unpatched llama.cpp of the same pinned sdist (the stock-compatibility tests load it with
+# LLAMA_CPP_LIB_PATH=build/stock-lib); a few minutes once, then a no-op ninja run
+stock: build
+	bench/build-stock.sh
+
 model: venv
-	@$(PY) -m ggufrope.models
+	@$(PY) -m ggufrope.models --model $(MODEL)
 
 demo: build
+	@test -n "$(DEMO_NCTX)" || { echo "make demo: unknown MODEL=$(MODEL) (smollm2 or gemma3)" >&2; exit 2; }
 	@mkdir -p $(DEMO_DIR)
-	$(PY) -m ggufrope.corpus --demo-text $(DEMO_DIR)/long.txt
-	$(VENV)/bin/ggufrope set "$$($(PY) -m ggufrope.models)" --method mixed --b 0.625 --logn -o $(DEMO_DIR)/smollm2-mixed-logn.gguf
-	$(VENV)/bin/ggufrope show $(DEMO_DIR)/smollm2-mixed-logn.gguf
-	$(VENV)/bin/ggufrope generate $(DEMO_DIR)/smollm2-mixed-logn.gguf --n-ctx 16384 -f $(DEMO_DIR)/long.txt -n 64
+	$(PY) -m ggufrope.corpus --demo-text $(DEMO_DIR)/long-$(MODEL).txt --model $(MODEL)
+	$(VENV)/bin/ggufrope set "$$($(PY) -m ggufrope.models --model $(MODEL))" --method mixed --b 0.625 --logn -o $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf
+	$(VENV)/bin/ggufrope show $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf
+	$(VENV)/bin/ggufrope generate $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf --n-ctx $(DEMO_NCTX) -f $(DEMO_DIR)/long-$(MODEL).txt -n 64
 
-test: build
+test: build stock
 	$(PY) -m pytest -ra
 
 test-slow: build
