@@ -280,3 +280,14 @@ def test_demo_prompts_exceed_each_models_trained_context():
     with pytest.raises(GGUFRopeError) as err:
         corpus.demo_text(model="nope")
     _one_line(err.value)
+
+
+def test_corpus_main_writes_a_models_demo_text(tmp_path, capsys):
+    out = tmp_path / "g.txt"
+    assert corpus.main(["--demo-text", str(out), "--model", "gemma3"]) == 0
+    assert out.read_text(encoding="utf-8") == corpus.demo_text(model="gemma3")
+    assert "Paradise Lost" in capsys.readouterr().out
+    assert corpus.main(["--demo-text", str(out), "--model", "nope"]) == 1
+    assert corpus.main(["--bogus"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and all(ln.startswith("error: ") for ln in err.splitlines())
