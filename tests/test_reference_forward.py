@@ -450,29 +450,5 @@ def test_patched_unserved_arch_refuses_or_is_exact(models):
     assert_close(got, ref, "qwen2vl ntk-mixed + logn")
 
 
-# ----------------------------------------------------------------------------- 4. stock only
-
-
-def _is_patched_or_stock() -> bool:
-    """True for the patched library, False for stock; ``ggufrope.runtime`` missing counts
-    as stock (the runtime module lands before any patched build is used)."""
-    try:
-        from ggufrope.runtime import is_patched
-    except ImportError:
-        return False
-    return bool(is_patched())
-
-
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_stock_ignores_ggufrope_keys(tmp_path, arch):
-    """The contract (design notes §3): stock llama.cpp loads a file carrying the ggufrope
-    keys (and the same keys as kv overrides) and computes plain RoPE."""
-    _llama_cpp()
-    if _is_patched_or_stock():
-        pytest.skip("the patched library applies the keys")
-    extra = _overrides(arch, "ntk-mixed", K, 0.625, True)
-    m = WRITERS[arch](tmp_path / f"{arch}.gguf", seed=31, extra_kv=extra)
-    toks = tokens_for(m)
-    plain = forward(m, toks)
-    assert_close(run_llama_cpp(m, toks), plain, f"{arch} stock, keys in file")
-    assert_close(run_llama_cpp(m, toks, kv_overrides=extra), plain, f"{arch} stock, keys as overrides")
+# The stock contract (a file carrying the ggufrope keys, or the same keys as kv overrides, runs
+# plain RoPE in an unpatched build) runs against build/stock-lib in tests/test_contract.py.
