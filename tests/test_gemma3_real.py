@@ -89,6 +89,9 @@ def test_gemma3_set_and_generate_beyond_declared_L(patched_lib, gemma3_mixed_log
     # the library names the method it applies and the L it uses (its log line, loosely)
     assert re.search(r"ggufrope: rope method = ntk-mixed\b.*\bk = 2(\.0+)?\b.*log-n = on.*n_ctx_orig = 2048", log), \
         "\n".join(ln for ln in log.splitlines() if "ggufrope" in ln)[-2000:]
+    # SWA layers keep plain RoPE: 18 layers, a global one every 6th (llama.cpp's gemma3 pattern), so 15
+    m = re.search(r"ggufrope: (\d+) sliding-window layers keep their plain RoPE", log)
+    assert m and int(m.group(1)) == 15, "\n".join(ln for ln in log.splitlines() if "ggufrope" in ln)[-2000:]
     assert first.strip(), "empty generation"
     again, _, _ = _generate_declared_L(gemma3_mixed_logn, prompt, capfd)
     with capfd.disabled():
