@@ -31,6 +31,10 @@ RoPE layout is llama.cpp's on the stored weights: ``llama`` NORMAL (pairs (2i, 2
 ``qwen2`` / ``qwen2vl`` / ``gemma3`` NEOX (pairs (i, i + d/2)); for text tokens qwen2vl's
 multi-section rope gives every section the same position, which is NEOX rope when section 3
 is empty.
+
+Dynamic NTK (issue 13, seed 002): :func:`dynamic_factor` (k from the number of positions seen),
+:func:`rerotate_keys` (a change of table as one rotation of cached keys) and
+:func:`forward_dynamic` (chunk by chunk with per-layer KV caches, consistent or inconsistent).
 """
 
 from __future__ import annotations
@@ -303,3 +307,216 @@ def forward_gemma3(
         x = x + _rms_norm(g @ _t(L.ffn_down).T, _t(L.ffn_post_norm), eps)
     x = _rms_norm(x, _t(model.output_norm), eps)
     return (x @ _t(model.output).T).numpy()
+
+
+# ----------------------------------------------------------------------------- dynamic NTK (issue 13)
+#
+# Seed 002 (``../shared/seeds/002_*.txt``, "A Potential Rotation Inconsistency of Dynamic Scaled
+# RoPE"): dynamic NTK lets k grow with the current length. With a KV cache, Hugging Face's version
+# is *inconsistent*: a cached key keeps the rotation it was written with, so one query meets keys
+# of several tables (seed 002 eq. 1, QK^T = [r(k_0, α_0), r(k_1, α_1), r(k_2, α_2)] · r(q, α_2)).
+# The *consistent* version rotates every key with the query's table (eq. 3,
+# [r(k_0, α_2), r(k_1, α_2), r(k_2, α_2)] · r(q, α_2)). ggufrope's design (design notes §5) gets
+# eq. 3 without an un-roped cache: going from table A to table B rotates a cached key at position
+# p by p·θ_i·(1/ff_B,i − 1/ff_A,i) = p·(inv_B,i − inv_A,i) (:func:`rerotate_keys`), one rope op
+# per layer per step of k, like llama.cpp's K-shift.
+
+#: the named schedules of :func:`dynamic_factor` (a float r > 1 is a geometric grid)
+DYNAMIC_SCHEDULES = ("pow2", "exact")
+
+
+def dynamic_factor(n: int, L: int, schedule: str | float = "pow2") -> float:
+    """The factor k of dynamic NTK for a context that has seen ``n`` positions (its largest
+    position + 1) with trained context ``L``.
+
+    k = 1 while n <= L (the unmodified model). Beyond L, k >= n/L always, so that no position
+    exceeds k·L (positions 0 .. n-1 < k·L):
+
+    - ``"pow2"``: k = 2^ceil(log2(n/L)), the smallest power of two with k·L >= n. Hand values
+      for L = 64: n = 65 -> 2, 128 -> 2, 129 -> 4, 256 -> 4, 300 -> 8. At n = 2L exactly k = 2
+      (positions 0 .. 2L-1 all lie below k·L; the same k as the static auto rule k = n_ctx/L at
+      n_ctx = 2L). Computed in integers, no log2 rounding at the boundaries.
+    - ``"exact"``: k = n/L, continuous (a new k at every new position; seed 002's
+      α_dynamicNTK = α·(max_seq + scale·(seq − max_seq))/max_seq with α = scale = 1, which is
+      also Hugging Face's ``dynamic`` rope at factor 1). For reference, not for an engine.
+    - a float r > 1: the geometric grid k = r^e with e the smallest integer such that
+      r^e·L >= n (``"pow2"`` is r = 2). For L = 64, r = 1.5: n = 96 -> 1.5, n = 97 -> 2.25.
+    """
+    n, L = int(n), int(L)
+    if L <= 0 or n < 0:
+        raise ValueError(f"need L > 0 and n >= 0, got n={n}, L={L}")
+    if n <= L:
+        return 1.0
+    if schedule == "exact":
+        return n / L
+    if schedule == "pow2":
+        k = 1
+        while k * L < n:
+            k *= 2
+        return float(k)
+    if isinstance(schedule, (int, float)) and not isinstance(schedule, bool) and schedule > 1:
+        r = float(schedule)
+        e = max(1, math.ceil(math.log(n / L) / math.log(r)))
+        while r**e * L < n:  # repair a log rounded down
+            e += 1
+        while e > 1 and r ** (e - 1) * L >= n:  # or rounded up
+            e -= 1
+        return r**e
+    raise ValueError(f"schedule must be one of {DYNAMIC_SCHEDULES} or a float > 1, got {schedule!r}")
+
+
+def chunk_factors(chunks: Sequence[int], L: int, schedule: str | float = "pow2") -> list[float]:
+    """The k each chunk of :func:`forward_dynamic` runs with: ``dynamic_factor`` of the number of
+    positions seen once the chunk is in (chunk sizes ``chunks``, positions from 0)."""
+    out, n = [], 0
+    for c in chunks:
+        n += int(c)
+        out.append(dynamic_factor(n, L, schedule))
+    return out
+
+
+def rerotate_keys(
+    k: torch.Tensor, pos: torch.Tensor, inv_old: torch.Tensor, inv_new: torch.Tensor, mode: str
+) -> torch.Tensor:
+    """Change the table of keys already roped with ``inv_old`` to ``inv_new``.
+
+    ``k``: ``(n_tokens, n_heads, head_dim)`` roped keys; ``pos``: ``(n_tokens,)`` their positions;
+    ``inv_old``/``inv_new``: ``(n_dims/2,)`` radians per token (one table for all rows, as a
+    layer's cache has). RoPE rotates pair i by p·inv_i, rotations of a pair compose by adding
+    angles, so the change is a rope by p·(inv_new − inv_old) = p·θ_i·(1/ff_new,i − 1/ff_old,i):
+    the design notes' table ff' = 1/(1/ff_new − 1/ff_old), negative entries allowed. Not valid
+    for log-n (keys are never scaled, so it never arises)."""
+    return apply_rope(k, pos, inv_new.to(DT) - inv_old.to(DT), mode)
+
+
+class DynamicLayerCache:
+    """One layer's KV cache in :func:`forward_dynamic`, rows in position order.
+
+    ``k``: ``(n, n_head_kv, head_dim)`` keys as the attention reads them (after RoPE);
+    ``k_inv``: ``(n, n_rot/2)`` the table each row is currently roped with; ``v``:
+    ``(n, n_head_kv, head_dim)``; ``pos``: ``(n,)`` positions."""
+
+    def __init__(self, n_kv: int, head_dim: int, half: int):
+        self.k = torch.zeros((0, n_kv, head_dim), dtype=DT)
+        self.v = torch.zeros((0, n_kv, head_dim), dtype=DT)
+        self.k_inv = torch.zeros((0, half), dtype=DT)
+        self.pos = torch.zeros((0,), dtype=DT)
+
+    def retable(self, inv_new: torch.Tensor, mode: str) -> None:
+        """Consistent mode, before a chunk: re-rotate every cached key to ``inv_new``
+        (:func:`rerotate_keys`). Every row carries one table then (the previous chunk's)."""
+        if self.k.shape[0] == 0:
+            return
+        old = self.k_inv[0]
+        assert torch.equal(self.k_inv, old.expand_as(self.k_inv)), "consistent cache rows with mixed tables"
+        if not torch.equal(old, inv_new):  # a zero rotation is exact anyway; skip the work
+            self.k = rerotate_keys(self.k, self.pos, old, inv_new, mode)
+            self.k_inv = inv_new.expand_as(self.k_inv).clone()
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, inv: torch.Tensor, pos: torch.Tensor) -> None:
+        self.k = torch.cat((self.k, k))
+        self.v = torch.cat((self.v, v))
+        self.k_inv = torch.cat((self.k_inv, inv.expand(k.shape[0], -1)))
+        self.pos = torch.cat((self.pos, pos))
+
+
+def forward_dynamic(
+    model: TinyModel,
+    tokens: Sequence[int],
+    *,
+    method: str = "ntk-mixed",
+    b: float = SEED_B,
+    logn_ctx: int = 0,
+    schedule: str | float = "pow2",
+    chunks: Sequence[int] | None = None,
+    L: int | None = None,
+    consistent: bool = True,
+    gelu_f16: bool = True,
+    return_cache: bool = False,
+):
+    """Logits ``(n_tokens, n_vocab)`` float64 of dynamic NTK, processed chunk by chunk with a KV
+    cache, positions ``0 .. n_tokens-1``.
+
+    ``chunks``: chunk sizes summing to ``len(tokens)`` (``None``: one chunk = prefill in one call;
+    several = ubatches; all ones = token-by-token decode). Chunk j runs with
+    k_j = ``dynamic_factor(n_j, L, schedule)``, n_j = the number of positions once chunk j is in
+    (so no position of the chunk lies beyond k_j·L); ``L`` defaults to ``model.n_ctx_train``.
+    The chunk's queries and keys are roped with the table of ``method`` at k_j (and ``b``,
+    composed with the file's ``rope_freqs`` as :func:`rope_inv_freq`); log-n (``logn_ctx`` > 0)
+    scales each query by s(p) as in :func:`forward`, independent of k.
+
+    ``consistent=True`` (seed 002 eq. 3): before the chunk, every cached key of every layer is
+    re-rotated to the table of k_j (:func:`rerotate_keys`), so queries and keys share one table.
+    ``consistent=False`` (seed 002 eq. 1, Hugging Face's dynamic NTK): cached keys keep the
+    table they were written with. Either way cached keys and values are never recomputed: a
+    token's layer-l key and value come from its hidden state as computed when its chunk ran,
+    with that chunk's k (an engine caches them; it does not re-run earlier tokens).
+
+    gemma3: sliding-window layers keep plain RoPE at the SWA base and no log-n (their table never
+    changes, so nothing is re-rotated there), global layers as above (:func:`forward_gemma3`;
+    ``gelu_f16`` as there).
+
+    ``return_cache=True`` returns ``(logits, caches)`` with one :class:`DynamicLayerCache` per
+    layer as it stands after the last chunk.
+    """
+    tok, pos_all = _positions(tokens, None)
+    n_tok = tok.shape[0]
+    chunks = [n_tok] if chunks is None else [int(c) for c in chunks]
+    if any(c <= 0 for c in chunks) or sum(chunks) != n_tok:
+        raise ValueError(f"chunks must be positive sizes summing to {n_tok}, got sum {sum(chunks)}")
+    L = model.n_ctx_train if L is None else int(L)
+    gemma = model.arch == "gemma3"
+    hd, nh, nkv = model.head_dim, model.n_head, model.n_head_kv
+    eps, mode = model.rms_eps, model.rope_mode
+    swa = model.swa_layers if gemma else (False,) * model.n_layer
+    if gemma:
+        base_swa = model.freq_base_swa if model.freq_base_swa is not None else model.freq_base
+        inv_swa = seed_inv_freq("none", model.n_rot, base_swa)
+    gelu = gelu_tanh_f16_table if gelu_f16 else gelu_tanh
+
+    caches = [DynamicLayerCache(nkv, hd, model.n_rot // 2) for _ in model.layers]
+    out = []
+    start = 0
+    for size, kf in zip(chunks, chunk_factors(chunks, L, schedule)):
+        sl = slice(start, start + size)
+        start += size
+        pos = pos_all[sl]
+        inv_global = rope_inv_freq(model, method, kf, b)
+        logn = seed_logn_scale(pos, logn_ctx) if logn_ctx else None
+
+        x = _t(model.tok_embd)[tok[sl]]
+        if gemma:
+            x = x * math.sqrt(model.n_embd)
+        for il, (Lw, cache) in enumerate(zip(model.layers, caches)):
+            inv, ln = (inv_swa, None) if swa[il] else (inv_global, logn)
+            if consistent:
+                cache.retable(inv, mode)
+            h = _rms_norm(x, _t(Lw.attn_norm), eps)
+            q, kk, v = h @ _t(Lw.wq).T, h @ _t(Lw.wk).T, h @ _t(Lw.wv).T
+            if Lw.bq is not None:
+                q, kk, v = q + _t(Lw.bq), kk + _t(Lw.bk), v + _t(Lw.bv)
+            q, kk, v = q.view(size, nh, hd), kk.view(size, nkv, hd), v.view(size, nkv, hd)
+            if gemma:
+                q, kk = _rms_norm(q, _t(Lw.attn_q_norm), eps), _rms_norm(kk, _t(Lw.attn_k_norm), eps)
+            q = apply_rope(q, pos, inv, mode, ln)
+            cache.append(apply_rope(kk, pos, inv, mode), v, inv, pos)
+            dist = pos[:, None] - cache.pos[None, :]  # (chunk, cached incl. this chunk)
+            visible = dist >= 0
+            if swa[il]:
+                visible = visible & (dist < model.n_swa)
+            if gemma:
+                o = _attend(q * (1.0 / math.sqrt(hd)), cache.k, cache.v, visible, 1.0)
+                x = x + _rms_norm(o @ _t(Lw.wo).T, _t(Lw.attn_post_norm), eps)
+                h = _rms_norm(x, _t(Lw.ffn_norm), eps)
+                g = gelu(h @ _t(Lw.ffn_gate).T) * (h @ _t(Lw.ffn_up).T)
+                x = x + _rms_norm(g @ _t(Lw.ffn_down).T, _t(Lw.ffn_post_norm), eps)
+            else:
+                o = _attend(q, cache.k, cache.v, visible, 1.0 / math.sqrt(hd))
+                x = x + o @ _t(Lw.wo).T
+                h = _rms_norm(x, _t(Lw.ffn_norm), eps)
+                g = torch.nn.functional.silu(h @ _t(Lw.ffn_gate).T) * (h @ _t(Lw.ffn_up).T)
+                x = x + g @ _t(Lw.ffn_down).T
+        x = _rms_norm(x, _t(model.output_norm), eps)
+        out.append(x @ _t(model.output).T)
+    logits = torch.cat(out).numpy()
+    return (logits, caches) if return_cache else logits
