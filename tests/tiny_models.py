@@ -209,6 +209,69 @@ def _random_model(
     return tok_embd, output_norm, output, layers
 
 
+def _begin(path: Path, arch: str, *, seed: int, n_layer: int, n_embd: int, n_head: int, n_head_kv: int,
+           n_ff: int, n_vocab: int, n_ctx_train: int, freq_base: float, rms_eps: float) -> GGUFWriter:
+    """A ``GGUFWriter`` with the hyperparameters every tiny model shares (F32, rope over the
+    whole head); the caller adds its own keys, then :func:`_add_vocab`."""
+    w = GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-{seed}")
+    w.add_context_length(n_ctx_train)
+    w.add_embedding_length(n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(n_ff)
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_head_kv)
+    w.add_rope_dimension_count(n_embd // n_head)
+    w.add_rope_freq_base(float(freq_base))
+    w.add_layer_norm_rms_eps(float(rms_eps))
+    w.add_vocab_size(n_vocab)
+    w.add_file_type(0)  # ALL_F32
+    return w
+
+
+def _add_vocab(w: GGUFWriter, arch: str, n_vocab: int, extra_kv: dict[str, Any] | None) -> dict[str, Any]:
+    """The SPM vocabulary of :func:`_vocab` and its special ids, then ``extra_kv``
+    (:func:`_add_extra_kv`, whose result is returned)."""
+    tokens, scores, types = _vocab(n_vocab)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(UNK_ID)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+    return _add_extra_kv(w, arch, extra_kv)
+
+
+#: per-layer tensors of every tiny model: GGUF name suffix -> TinyLayer attribute
+_LAYER_TENSORS = (
+    ("attn_norm.weight", "attn_norm"), ("attn_q.weight", "wq"), ("attn_k.weight", "wk"), ("attn_v.weight", "wv"),
+    ("attn_output.weight", "wo"), ("ffn_norm.weight", "ffn_norm"), ("ffn_gate.weight", "ffn_gate"),
+    ("ffn_up.weight", "ffn_up"), ("ffn_down.weight", "ffn_down"),
+)
+
+
+def _add_tensors_and_close(w: GGUFWriter, tok_embd: np.ndarray, output_norm: np.ndarray, output: np.ndarray,
+                           layers: list[TinyLayer], layer_tensors: tuple[tuple[str, str], ...],
+                           extra: dict[str, np.ndarray] | None = None) -> None:
+    """Write the global tensors, ``extra`` (name -> array, e.g. ``rope_freqs.weight``), then
+    ``blk.{i}.<suffix>`` = ``getattr(layer, attr)`` for each (suffix, attr) of
+    ``layer_tensors``; write the file and close it."""
+    w.add_tensor("token_embd.weight", tok_embd)
+    w.add_tensor("output_norm.weight", output_norm)
+    w.add_tensor("output.weight", output)
+    for name, a in (extra or {}).items():
+        w.add_tensor(name, a)
+    for i, layer in enumerate(layers):
+        for suffix, attr in layer_tensors:
+            w.add_tensor(f"blk.{i}.{suffix}", getattr(layer, attr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def _write(
     path: str | Path,
     arch: str,
@@ -240,58 +303,14 @@ def _write(
         if rope_freqs.shape != (hd // 2,):
             raise ValueError(f"rope_freqs must have shape ({hd // 2},), got {rope_freqs.shape}")
 
-    w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}-{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
-    w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(float(freq_base))
-    w.add_layer_norm_rms_eps(float(rms_eps))
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(0)  # ALL_F32
+    w = _begin(path, arch, seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+               n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train, freq_base=freq_base, rms_eps=rms_eps)
     if rope_sections is not None:
         w.add_rope_dimension_sections([int(s) for s in rope_sections])
-
-    tokens, scores, types = _vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
-    extra = _add_extra_kv(w, arch, extra_kv)
-
-    w.add_tensor("token_embd.weight", tok_embd)
-    w.add_tensor("output_norm.weight", output_norm)
-    w.add_tensor("output.weight", output)
-    if rope_freqs is not None:
-        w.add_tensor("rope_freqs.weight", rope_freqs)
-    for i, L in enumerate(layers):
-        b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", L.attn_norm)
-        w.add_tensor(b + "attn_q.weight", L.wq)
-        w.add_tensor(b + "attn_k.weight", L.wk)
-        w.add_tensor(b + "attn_v.weight", L.wv)
-        if qkv_bias:
-            w.add_tensor(b + "attn_q.bias", L.bq)
-            w.add_tensor(b + "attn_k.bias", L.bk)
-            w.add_tensor(b + "attn_v.bias", L.bv)
-        w.add_tensor(b + "attn_output.weight", L.wo)
-        w.add_tensor(b + "ffn_norm.weight", L.ffn_norm)
-        w.add_tensor(b + "ffn_gate.weight", L.ffn_gate)
-        w.add_tensor(b + "ffn_up.weight", L.ffn_up)
-        w.add_tensor(b + "ffn_down.weight", L.ffn_down)
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    extra = _add_vocab(w, arch, n_vocab, extra_kv)
+    bias = (("attn_q.bias", "bq"), ("attn_k.bias", "bk"), ("attn_v.bias", "bv")) if qkv_bias else ()
+    _add_tensors_and_close(w, tok_embd, output_norm, output, layers, _LAYER_TENSORS + bias,
+                           {"rope_freqs.weight": rope_freqs} if rope_freqs is not None else None)
 
     return TinyModel(
         path=path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
@@ -465,62 +484,21 @@ def write_tiny_gemma3(
     else:
         swa_layers = (False,) * n_layer
 
-    w = GGUFWriter(str(path), arch)
-    w.add_name(f"tiny-{arch}-{seed}")
-    w.add_context_length(n_ctx_train)
-    w.add_embedding_length(n_embd)
-    w.add_block_count(n_layer)
-    w.add_feed_forward_length(n_ff)
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_head_kv)
+    w = _begin(path, arch, seed=seed, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv,
+               n_ff=n_ff, n_vocab=n_vocab, n_ctx_train=n_ctx_train, freq_base=freq_base, rms_eps=rms_eps)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_dimension_count(hd)
-    w.add_rope_freq_base(float(freq_base))
-    w.add_layer_norm_rms_eps(float(rms_eps))
-    w.add_vocab_size(n_vocab)
-    w.add_file_type(0)  # ALL_F32
     if n_swa > 0:
         w.add_sliding_window(int(n_swa))
         if swa_pattern is not None:
             w.add_sliding_window_pattern(int(swa_pattern))
         if freq_base_swa is not None:
             w.add_rope_freq_base_swa(float(freq_base_swa))
-
-    tokens, scores, types = _vocab(n_vocab)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(UNK_ID)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
-    extra = _add_extra_kv(w, arch, extra_kv)
-
-    w.add_tensor("token_embd.weight", tok_embd)
-    w.add_tensor("output_norm.weight", output_norm)
-    w.add_tensor("output.weight", output)
-    for i, L in enumerate(layers):
-        b = f"blk.{i}."
-        w.add_tensor(b + "attn_norm.weight", L.attn_norm)
-        w.add_tensor(b + "attn_q.weight", L.wq)
-        w.add_tensor(b + "attn_k.weight", L.wk)
-        w.add_tensor(b + "attn_v.weight", L.wv)
-        w.add_tensor(b + "attn_q_norm.weight", L.attn_q_norm)
-        w.add_tensor(b + "attn_k_norm.weight", L.attn_k_norm)
-        w.add_tensor(b + "attn_output.weight", L.wo)
-        w.add_tensor(b + "post_attention_norm.weight", L.attn_post_norm)
-        w.add_tensor(b + "ffn_norm.weight", L.ffn_norm)
-        w.add_tensor(b + "ffn_gate.weight", L.ffn_gate)
-        w.add_tensor(b + "ffn_up.weight", L.ffn_up)
-        w.add_tensor(b + "ffn_down.weight", L.ffn_down)
-        w.add_tensor(b + "post_ffw_norm.weight", L.ffn_post_norm)
-
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    extra = _add_vocab(w, arch, n_vocab, extra_kv)
+    _add_tensors_and_close(w, tok_embd, output_norm, output, layers, _LAYER_TENSORS + (
+        ("attn_q_norm.weight", "attn_q_norm"), ("attn_k_norm.weight", "attn_k_norm"),
+        ("post_attention_norm.weight", "attn_post_norm"), ("post_ffw_norm.weight", "ffn_post_norm"),
+    ))
 
     return TinyModel(
         path=path, arch=arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
