@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from .errors import GGUFRopeError
-from .methods import DEFAULT_EXPONENT, METHODS, auto_factor, canonical, to_float32
+from .methods import DEFAULT_EXPONENT, METHODS, auto_factor, canonical, entry, to_float32
 from .runtime import RopeChoice
 
 #: bump when a change to this module changes what a cached result means
@@ -124,7 +124,7 @@ class Setting(RopeChoice):
         """The setting of ``method`` in a grid whose k and b are given once for all methods: k
         goes only to methods that take one, b only to ntk-mixed (the registry's parameters)."""
         try:
-            m = METHODS[canonical(method)]
+            m = entry(method)
         except ValueError as e:
             raise GGUFRopeError(str(e)) from None
         return cls(m.name, factor if m.uses_factor else None, exponent if m.uses_exponent else None, logn)
