@@ -48,6 +48,18 @@ Python chooses k = max(1, n_ctx / L) (:func:`auto_factor`).
 log-n attention scaling (seed 000, Table 2, the variant for models not trained with it):
 every query at position p is multiplied after RoPE by s(p) = max(1, ln(p+1) / ln L).
 Keys are never scaled. It is not a method but a switch beside any of them.
+
+**Dynamic k** (issue 13, seed 002, the *consistent* variant): instead of one k for the whole
+context, the patched library keeps the model unmodified (k = 1) while the KV cache holds
+positions < L only, and beyond L raises k on a schedule, k = the smallest r^e (e an integer
+>= 1) with r^e · L >= n, n = 1 + the largest position in the KV cache, r the ratio
+(``{arch}.rope.ntk.dynamic_ratio``, default :data:`DEFAULT_DYNAMIC_RATIO` = 2: powers of
+two); every cached key is re-rotated to the new table when k changes, so queries and keys
+always share one table. Only the NTK family has it (:attr:`Method.supports_dynamic`), and it
+chooses k itself: a factor k with it is an error (the file's factor must be absent or 0).
+:data:`DYNAMIC_DEFAULT` says what the library does when ``{arch}.rope.ntk.dynamic`` is
+absent (:func:`dynamic_effective`); nothing else in ggufrope assumes it. Like log-n, it is a
+switch beside the method (log-n and dynamic combine).
 """
 
 from __future__ import annotations
@@ -65,6 +77,13 @@ DEFAULT_EXPONENT = 0.625  #: seed 000's empirical b for NTK-RoPE-mixed
 #: the value of ``{arch}.rope.ntk.factor`` (and of its kv override) that asks the library for
 #: the automatic k = max(1, n_ctx_seq / L)
 AUTO_FACTOR = 0.0
+#: what the patched library does when ``{arch}.rope.ntk.dynamic`` is absent: False, static k
+#: (the file's, or the automatic one). The one place this default is written down: every other
+#: part of ggufrope asks :func:`dynamic_effective`.
+DYNAMIC_DEFAULT = False
+#: the ratio r of the dynamic schedule when ``{arch}.rope.ntk.dynamic_ratio`` is absent
+#: (k = 1, 2, 4, 8, ... beyond L)
+DEFAULT_DYNAMIC_RATIO = 2.0
 
 _F32 = struct.Struct("<f")
 
@@ -169,6 +188,11 @@ class Method:
         return "factor" in self.params
 
     @property
+    def supports_dynamic(self) -> bool:
+        """Whether the library can run the method with dynamic k (the NTK family)."""
+        return self.ntk_family
+
+    @property
     def stored(self) -> bool:
         """Whether ``{arch}.rope.ntk.method`` can hold it (none and the NTK family)."""
         return self.ntk_family or self.name == "none"
@@ -239,28 +263,72 @@ def _number(name: str, x: object) -> None:
         raise ValueError(f"{name} must be a number, got {x!r}")
 
 
+def check_dynamic_ratio(ratio: float) -> float:
+    """Return ``ratio`` as float; ``ValueError`` unless r is finite and > 1 (the geometric step
+    of the dynamic schedule, :data:`DEFAULT_DYNAMIC_RATIO` when absent)."""
+    r = float(ratio)
+    if not math.isfinite(r) or not r > 1.0:
+        raise ValueError(f"dynamic ratio r must be finite and > 1, got {ratio!r}")
+    return r
+
+
+def _flag(name: str, x: object) -> None:
+    if x is not None and not isinstance(x, bool):
+        raise ValueError(f"{name} must be true, false or left out, got {x!r}")
+
+
 @dataclass(frozen=True)
 class Params:
     """A validated method choice: canonical ``method``; ``factor`` k (None: auto, or a
-    method without k); ``exponent`` b (ntk-mixed only, else None); ``exponent_default``:
-    b was not given and is :data:`DEFAULT_EXPONENT`."""
+    method without k, or dynamic k); ``exponent`` b (ntk-mixed only, else None);
+    ``exponent_default``: b was not given and is :data:`DEFAULT_EXPONENT`; ``dynamic`` and
+    ``dynamic_ratio``: from :func:`validate`, as given (None: not given); from
+    :func:`validate_stored`, ``dynamic`` is what the library runs (:func:`dynamic_effective`)
+    and ``dynamic_ratio`` the file's r, or :data:`DEFAULT_DYNAMIC_RATIO` when the file runs
+    dynamic k without one."""
 
     method: str
     factor: float | None
     exponent: float | None
     exponent_default: bool = False
+    dynamic: bool | None = None
+    dynamic_ratio: float | None = None
+
+
+def _check_dynamic(m: Method, factor: object, dynamic: bool | None, ratio: object, *, stored: bool) -> None:
+    """The rules of dynamic k shared by :func:`validate` and :func:`validate_stored` (the
+    library's refusals): an NTK-family method, no factor k (a stored 0 is auto, allowed)."""
+    if dynamic:
+        if not m.supports_dynamic:
+            family = ", ".join(n for n, e in METHODS.items() if e.supports_dynamic)
+            raise ValueError(f"dynamic k needs an NTK-family method ({family}), not {m.name!r}")
+        if factor is not None and not (stored and factor == AUTO_FACTOR):
+            how = "the factor k must be absent or 0" if stored else "leave the factor k out"
+            raise ValueError(f"dynamic k chooses k itself (1 within L, then by its schedule): {how} (got {factor!r})")
+    if ratio is not None:
+        _number("dynamic ratio r", ratio)
+        if not stored and not dynamic:
+            raise ValueError("the dynamic ratio r applies to dynamic k only (ask for dynamic k too)")
+        check_dynamic_ratio(ratio)
+        r32 = to_float32(float(ratio))
+        if not (math.isfinite(r32) and r32 > 1.0):
+            raise ValueError(f"dynamic ratio r must be finite and > 1, got {ratio!r} ({r32!r} as float32)")
 
 
 def validate(name: str, factor: float | None = None, exponent: float | None = None, *,
+             dynamic: bool | None = None, dynamic_ratio: float | None = None,
              stored: bool = False, float32: bool = False) -> Params:
-    """Check a method chosen by the user, with its factor k and exponent b (None: not given).
+    """Check a method chosen by the user, with its factor k and exponent b (None: not given),
+    and dynamic k (``dynamic`` True/False, None: not given) with its ratio r.
 
     The checks, in this order: the method is known (an alias is resolved); with ``stored``
-    (``ggufrope set``) it is one ``{arch}.rope.ntk.method`` can hold; k and b are numbers;
-    k is given only to a method that takes one (not ``none``), and is finite and >= 1, also
-    as float32; b is given only to ``ntk-mixed``, and 0 < b <= 1, also as float32. b not
-    given to ``ntk-mixed`` is :data:`DEFAULT_EXPONENT`. With ``float32`` the values returned
-    are rounded to float32 (what a file stores).
+    (``ggufrope set``) it is one ``{arch}.rope.ntk.method`` can hold; k and b are numbers,
+    ``dynamic`` a bool or None; dynamic k goes only with an NTK-family method and without a
+    factor k; r is given only with dynamic k, and is finite and > 1, also as float32; k is
+    given only to a method that takes one (not ``none``), and is finite and >= 1, also as
+    float32; b is given only to ``ntk-mixed``, and 0 < b <= 1, also as float32. b not given
+    to ``ntk-mixed`` is :data:`DEFAULT_EXPONENT`. With ``float32`` the values returned are
+    rounded to float32 (what a file stores).
 
     Returns :class:`Params`. Raises ``ValueError`` with a one-line message.
     """
@@ -274,6 +342,11 @@ def validate(name: str, factor: float | None = None, exponent: float | None = No
     for what, x in (("factor k", factor), ("exponent b", exponent)):
         if x is not None:
             _number(what, x)
+    _flag("dynamic", dynamic)
+    _check_dynamic(m, factor, dynamic, dynamic_ratio, stored=False)
+    r = None
+    if dynamic_ratio is not None:
+        r = to_float32(dynamic_ratio) if float32 else float(dynamic_ratio)
     k = b = None
     if factor is not None:
         if not m.uses_factor:
@@ -291,21 +364,40 @@ def validate(name: str, factor: float | None = None, exponent: float | None = No
             b = to_float32(b)
     elif exponent is not None:
         raise ValueError(f"the exponent b applies to ntk-mixed only, not to {m.name!r}")
-    return Params(m.name, k, b, default)
+    return Params(m.name, k, b, default, dynamic, r)
 
 
-def validate_stored(name: str, factor: float | None, exponent: float | None) -> Params:
+def dynamic_effective(name: str, factor: float | None, dynamic: bool | None) -> bool:
+    """Whether the library runs dynamic k for method ``name`` (canonical) with the factor
+    ``factor`` (None or :data:`AUTO_FACTOR`: auto) and ``{arch}.rope.ntk.dynamic`` =
+    ``dynamic`` (None: the key absent). An explicit True or False decides. Absent, the
+    library's default :data:`DYNAMIC_DEFAULT` applies where dynamic k can run at all: an
+    NTK-family method whose k is automatic (an explicit k or method none stay static)."""
+    if dynamic is not None:
+        return bool(dynamic)
+    return bool(DYNAMIC_DEFAULT) and METHODS[name].supports_dynamic and (factor is None or factor == AUTO_FACTOR)
+
+
+def validate_stored(name: str, factor: float | None, exponent: float | None,
+                    dynamic: bool | None = None, dynamic_ratio: float | None = None) -> Params:
     """Check the values of the ggufrope keys of a file, as the patched library does when it
     loads the model: ``name`` one of :data:`FILE_METHODS`; ``factor`` absent (None) or
     :data:`AUTO_FACTOR` (0) means auto (returned as None), else finite and >= 1;
     ``exponent`` in (0, 1] when present; ``ntk-mixed`` without it takes
-    :data:`DEFAULT_EXPONENT` (``exponent_default`` True). A factor or an exponent that the
-    method does not use is checked and returned but has no effect (the library ignores it).
+    :data:`DEFAULT_EXPONENT` (``exponent_default`` True); ``dynamic`` (``{arch}.rope.ntk.dynamic``,
+    None: absent) True only with an NTK-family method and a factor absent or 0;
+    ``dynamic_ratio`` r finite and > 1 when present. A factor, an exponent or a ratio that
+    the method does not use is checked and returned but has no effect (the library ignores
+    it). The returned ``dynamic`` is what the library runs (:func:`dynamic_effective`), and
+    ``dynamic_ratio`` the r it uses (the default when the file runs dynamic k without one).
 
     Raises ``ValueError`` with a one-line message.
     """
     if name not in FILE_METHODS:
         raise ValueError(f"method {name!r} is not one of {', '.join(FILE_METHODS)}")
+    _flag("dynamic", dynamic)
+    dyn = dynamic_effective(name, factor, dynamic)
+    _check_dynamic(METHODS[name], factor, dyn, dynamic_ratio, stored=True)
     k = None
     if factor is not None and factor != AUTO_FACTOR:
         k = check_factor(factor)
@@ -313,7 +405,8 @@ def validate_stored(name: str, factor: float | None, exponent: float | None) -> 
     default = False
     if METHODS[name].uses_exponent and b is None:
         b, default = DEFAULT_EXPONENT, True
-    return Params(name, k, b, default)
+    r = float(dynamic_ratio) if dynamic_ratio is not None else (DEFAULT_DYNAMIC_RATIO if dyn else None)
+    return Params(name, k, b, default, dyn, r)
 
 
 def auto_factor(n_ctx: int, n_ctx_orig: int) -> float:
@@ -346,15 +439,38 @@ def freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFA
     return m.table(n_dims, k, b)
 
 
-def summary(name: str, factor: str | None, exponent: str | None, logn: bool) -> str:
+def _short(x: float) -> str:
+    """The shortest ``%g`` text that reads back as the same float32 (``2``, ``1.5``, ``1.1``)."""
+    x32 = to_float32(x)
+    for digits in range(1, 10):
+        t = f"{x32:.{digits}g}"
+        if to_float32(float(t)) == x32:
+            return t
+    return repr(x32)  # pragma: no cover
+
+
+def dynamic_words(ratio: float | None = None) -> str:
+    """The words for dynamic k with ratio r (None: :data:`DEFAULT_DYNAMIC_RATIO`), e.g.
+    ``k dynamic: 1 within L, then powers of 2 >= n/L, KV cache re-rotated``."""
+    r = DEFAULT_DYNAMIC_RATIO if ratio is None else ratio
+    return f"k dynamic: 1 within L, then powers of {_short(r)} >= n/L, KV cache re-rotated"
+
+
+def summary(name: str, factor: str | None, exponent: str | None, logn: bool, *,
+            dynamic: bool = False, dynamic_ratio: float | None = None) -> str:
     """The words for a method with its parameters, e.g. ``ntk-mixed, b = 0.625, k = 2, log-n on``:
     ``factor`` and ``exponent`` are the caller's text for k and b (None: left out; k is left
-    out for a method without one, b for any method but ntk-mixed)."""
+    out for a method without one, b for any method but ntk-mixed). With ``dynamic`` (a method
+    that supports it) k is described by its schedule (:func:`dynamic_words`, ratio
+    ``dynamic_ratio``), and ``factor``, when given, is the k in use now: ``ntk-mixed, b = 0.625,
+    k dynamic: 1 within L, then powers of 2 >= n/L, KV cache re-rotated (k now 1), log-n off``."""
     m = METHODS[name]
     parts = [m.name]
     if m.uses_exponent and exponent is not None:
         parts.append(f"b = {exponent}")
-    if m.uses_factor and factor is not None:
+    if dynamic and m.supports_dynamic:
+        parts.append(dynamic_words(dynamic_ratio) + (f" (k now {factor})" if factor is not None else ""))
+    elif m.uses_factor and factor is not None:
         parts.append(f"k = {factor}")
     parts.append("log-n on" if logn else "log-n off")
     return ", ".join(parts)
