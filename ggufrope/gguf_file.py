@@ -105,7 +105,8 @@ __all__ = [
 #: that ``set`` writes, which come first.
 KEY_RESERVED = "ggufrope.reserved"
 #: Minimum room (bytes of the reserved array) left by a full rewrite, so that any later
-#: ``set`` of the ggufrope keys fits into the same header length (they need < 300 bytes).
+#: ``set`` of the ggufrope keys fits into the same header length (all six need 212 bytes plus
+#: six times the length of the architecture name: 272 for ``llama``).
 MIN_ROOM = 512
 #: GGUF versions read and written (v1 had 32-bit counts and is not supported).
 SUPPORTED_VERSIONS = (2, 3)
@@ -701,12 +702,16 @@ def _rope_dims(h: Header, arch: str) -> tuple[int | None, str | None]:
 
 def describe_method(meta: Mapping[str, Any]) -> str:
     """The active method in words, e.g.
-    ``ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on``.
+    ``ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on`` or, with dynamic k,
+    ``ntk-mixed, b = 0.625, k dynamic: 1 within L, then powers of 2 >= n/L, KV cache
+    re-rotated, log-n on``.
 
     ``meta``: ``method`` (None: no ggufrope keys), ``factor`` (None: auto), ``exponent`` and
-    ``exponent_default`` (b not in the file: 0.625, said "(default)"), ``logn``, ``n_ctx_orig``,
-    and the file's stock scaling (``stock_scaling_type``, ``stock_scaling_factor``): an
-    NTK-family method replaces a stock yarn/linear scaling, method none (log-n alone) keeps it.
+    ``exponent_default`` (b not in the file: 0.625, said "(default)"), ``logn``, ``dynamic``
+    (what the library runs, :func:`ggufrope.methods.dynamic_effective`) and ``dynamic_ratio``,
+    ``n_ctx_orig``, and the file's stock scaling (``stock_scaling_type``,
+    ``stock_scaling_factor``): an NTK-family method replaces a stock yarn/linear scaling,
+    method none (log-n alone) keeps it.
     """
     m = meta.get("method")
     L = meta.get("n_ctx_orig")
@@ -723,7 +728,9 @@ def describe_method(meta: Mapping[str, Any]) -> str:
     kt = f32_repr(k) if k is not None else f"auto (max(1, n_ctx_seq/{L if L else 'L'}))"
     b = meta.get("exponent")
     bt = None if b is None else f32_repr(b) + (" (default)" if meta.get("exponent_default") else "")
-    s = M.summary(m, kt, bt, bool(meta.get("logn")))
+    dyn = bool(meta.get("dynamic"))
+    s = M.summary(m, None if dyn else kt, bt, bool(meta.get("logn")), dynamic=dyn,
+                  dynamic_ratio=meta.get("dynamic_ratio"))
     if stock:
         s += f"; replaces the file's {stock}" if METHODS[m].ntk_family else f"; the file's {stock} stays in effect"
     return s
@@ -747,15 +754,17 @@ def _rope_meta(h: Header) -> dict[str, Any]:
     L, L_src = _n_ctx_orig(h, arch)
     dims, dims_src = _rope_dims(h, arch)
     method, factor, exponent = v(K.KEY_METHOD), v(K.KEY_FACTOR), v(K.KEY_EXPONENT)
+    dynamic, ratio = v(K.KEY_DYNAMIC), v(K.KEY_DYNAMIC_RATIO)
     logn = v(K.KEY_LOGN)
     where = _show(h.path)
     exponent_default = False
     if method is not None:
         try:
-            p = M.validate_stored(method, factor, exponent)
+            p = M.validate_stored(method, factor, exponent, dynamic, ratio)
         except ValueError as e:
             raise GGUFRopeError(f"{where}: invalid ggufrope metadata: {e}; fix it with ggufrope set or ggufrope reset") from None
         factor, exponent, exponent_default = p.factor, p.exponent, p.exponent_default
+        dynamic, ratio = p.dynamic, p.dynamic_ratio
     present = {name: h.value(name) for name in K.ggufrope_keys(arch) if name in h}
     if method is None and (present or False):
         raise GGUFRopeError(
@@ -786,6 +795,8 @@ def _rope_meta(h: Header) -> dict[str, Any]:
         "factor": factor,
         "exponent": exponent,
         "exponent_default": exponent_default,
+        "dynamic": bool(dynamic),
+        "dynamic_ratio": ratio if dynamic else None,
         "logn": bool(logn) if logn is not None else False,
         "reserved": reserved.value.count if reserved is not None and isinstance(reserved.value, ArrayValue) else None,
     }
@@ -805,25 +816,33 @@ def read_rope_metadata(path: str | os.PathLike) -> dict[str, Any]:
     ``ggufrope_keys`` (full key name -> value, the keys present), ``method`` (None when the
     file has no ggufrope keys), ``factor`` (None: auto, the key absent or 0), ``exponent``
     (b; for ntk-mixed without the key the library's default 0.625, with ``exponent_default``
-    True), ``logn`` (bool), ``reserved`` (length of the reserved array, or None) and
+    True), ``dynamic`` (bool: the library runs dynamic k, from ``{arch}.rope.ntk.dynamic`` or,
+    absent, the library's default; see :func:`ggufrope.methods.dynamic_effective`),
+    ``dynamic_ratio`` (its ratio r, the default 2 when the key is absent; None when static),
+    ``logn`` (bool), ``reserved`` (length of the reserved array, or None) and
     ``description`` (the active method in words, see :func:`describe_method`; it says when
     the method replaces a stock scaling of the file). ``has_rope``: the file has rope keys.
 
     Raises :class:`GGUFRopeError` for unreadable or invalid files, keys of the wrong type,
     and invalid ggufrope values (checked by :func:`ggufrope.methods.validate_stored`: a method
-    not in ``FILE_METHODS``, k < 1 other than 0, b outside (0, 1]).
+    not in ``FILE_METHODS``, k < 1 other than 0, b outside (0, 1], dynamic k with method none
+    or with a factor other than 0, a ratio r <= 1).
     """
     return _rope_meta(read_header(path))
 
 
-def _rope_values(method: str, factor: float | None, exponent: float | None, logn: bool) -> tuple[str, float | None, float | None, bool]:
+def _rope_values(method: str, factor: float | None, exponent: float | None, logn: bool,
+                 dynamic: bool | None = None, dynamic_ratio: float | None = None
+                 ) -> tuple[str, float | None, float | None, bool, bool | None, float | None]:
     """The validated values ``set`` writes (the registry's :func:`ggufrope.methods.validate`,
-    stored methods only, rounded to float32); b defaults to 0.625 for ntk-mixed."""
+    stored methods only, rounded to float32): method, k, b (0.625 by default for ntk-mixed),
+    log-n, dynamic (None: not written) and its ratio r (None: not written)."""
     try:
-        p = M.validate(method, factor, exponent, stored=True, float32=True)
+        p = M.validate(method, factor, exponent, dynamic=dynamic, dynamic_ratio=dynamic_ratio, stored=True,
+                       float32=True)
     except ValueError as e:
         raise GGUFRopeError(str(e)) from None
-    return p.method, p.factor, p.exponent, bool(logn)
+    return p.method, p.factor, p.exponent, bool(logn), p.dynamic, p.dynamic_ratio
 
 
 # --------------------------------------------------------------------------- writing
@@ -1459,6 +1478,8 @@ def write_rope_metadata(
     factor: float | None = None,
     exponent: float | None = None,
     logn: bool = False,
+    dynamic: bool | None = None,
+    dynamic_ratio: float | None = None,
 ) -> WriteResult:
     """Write the ggufrope keys of ``keys.py`` for the file's architecture (``ggufrope set``).
 
@@ -1466,14 +1487,19 @@ def write_rope_metadata(
     ``ntk``, ``ntk-fixed``, ``ntk-mixed``) can be stored — ``linear``/``yarn`` are stock
     llama.cpp's own. ``factor`` k >= 1 is written only when given (absent: the library
     takes k = max(1, n_ctx_seq/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
-    0.625); ``logn`` always. Every ggufrope key the call does not write is removed, so the
+    0.625); ``logn`` always; ``dynamic`` (``{arch}.rope.ntk.dynamic``, BOOL) only when given,
+    True or False (None: the key is not written and the library's default applies, see
+    :func:`ggufrope.methods.dynamic_effective`), and ``dynamic_ratio`` r > 1 only when given
+    (with ``dynamic`` True; absent: 2). Dynamic k with method none or with a factor k is
+    refused (the registry's :func:`ggufrope.methods.validate`, as the library refuses to load
+    it). Every ggufrope key the call does not write is removed, so the
     file holds exactly the new state. Refuses architectures the patched library does not serve
     (asked through ``llama_ggufrope_arch_supported``; also refused when no patched library is
     installed). A stock ``{arch}.rope.scaling.type`` (yarn, linear) of the file is kept; the
     NTK family replaces it at load time, method none keeps it (a note in the result says so).
     Returns a :class:`WriteResult`; ``dst`` as in :func:`set_keys`.
     """
-    m, k, b, ln = _rope_values(method, factor, exponent, logn)
+    m, k, b, ln, dyn, r = _rope_values(method, factor, exponent, logn, dynamic, dynamic_ratio)
 
     def build(h: Header) -> tuple[dict[str, tuple[GGUFValueType, Any]], list[str]]:
         arch = _architecture(h)
@@ -1484,12 +1510,18 @@ def write_rope_metadata(
             values[K.key(K.KEY_FACTOR, arch)] = (GGUFValueType.FLOAT32, k)
         if b is not None:
             values[K.key(K.KEY_EXPONENT, arch)] = (GGUFValueType.FLOAT32, b)
+        if dyn is not None:
+            values[K.key(K.KEY_DYNAMIC, arch)] = (GGUFValueType.BOOL, dyn)
+        if r is not None:
+            values[K.key(K.KEY_DYNAMIC_RATIO, arch)] = (GGUFValueType.FLOAT32, r)
         values[K.key(K.KEY_LOGN, arch)] = (GGUFValueType.BOOL, ln)
         L, L_src = _n_ctx_orig(h, arch)
         stype = h.value(K.key(K.KEY_SCALING_TYPE, arch))
         stype = stype if isinstance(stype, str) and stype not in ("", "none") else None
+        eff = M.dynamic_effective(m, k, dyn)
         info["description"] = describe_method({
             "method": m, "factor": k, "exponent": b, "logn": ln, "n_ctx_orig": L, "stock_scaling_type": stype,
+            "dynamic": eff, "dynamic_ratio": (r if r is not None else M.DEFAULT_DYNAMIC_RATIO) if eff else None,
             "stock_scaling_factor": h.value(K.key(K.KEY_SCALING_FACTOR, arch)),
         })
         notes = []
