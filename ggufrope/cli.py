@@ -123,6 +123,34 @@ _METHOD_HELP = (
 )
 
 
+_DYNAMIC_HELP = (
+    "Dynamic k (NTK family, without --factor): k = 1 while the context holds positions < L (the "
+    "model unmodified), then the smallest power of 2 (of R) with k*L >= n, n = 1 + the largest cached "
+    "position; cached keys are re-rotated to each new k. --static: one k for the whole context."
+)
+
+
+def _dynamic_options(left_out: str) -> Any:
+    """--dynamic/--static and --dynamic-ratio (set, generate, chat); ``left_out`` says what
+    leaving them out means for the command."""
+    from .methods import DYNAMIC_DEFAULT
+
+    default = f"(The library's default: {'dynamic' if DYNAMIC_DEFAULT else 'static'}.)"
+
+    def deco(f: Any) -> Any:
+        opts = [
+            click.option("--dynamic/--static", "dynamic", default=None,
+                         help=f"{_DYNAMIC_HELP} {left_out} {default}"),
+            click.option("--dynamic-ratio", "dynamic_ratio", type=float, default=None, metavar="R",
+                         help="Ratio r > 1 of the dynamic schedule, with --dynamic.  [default: 2]"),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco
+
+
 @main.command("set", context_settings=_CONTEXT)
 @click.argument("model", metavar="MODEL")
 @click.option("-m", "--method", required=True, metavar="METHOD", help=_METHOD_HELP)
@@ -150,6 +178,7 @@ _METHOD_HELP = (
     show_default=True,
     help="log-n attention scaling: queries beyond L are multiplied by ln(p+1)/ln L.",
 )
+@_dynamic_options("Left out: the key is not written, and the library's default applies.")
 @click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically; an existing OUT is replaced).")
 @click.option("--in-place", is_flag=True, help="Rewrite MODEL itself (header only when it fits).")
 def set_cmd(
@@ -158,13 +187,17 @@ def set_cmd(
     exponent: float | None,
     factor: float | None,
     logn: bool,
+    dynamic: bool | None,
+    dynamic_ratio: float | None,
     output: str | None,
     in_place: bool,
 ) -> None:
     """Write the context-extension method into MODEL's metadata.
 
     Writes {arch}.rope.ntk.method (STRING), {arch}.rope.ntk.factor (FLOAT32, only with
-    --factor), {arch}.rope.ntk.exponent (FLOAT32, ntk-mixed only) and
+    --factor), {arch}.rope.ntk.exponent (FLOAT32, ntk-mixed only),
+    {arch}.rope.ntk.dynamic (BOOL, only with --dynamic or --static),
+    {arch}.rope.ntk.dynamic_ratio (FLOAT32, only with --dynamic-ratio) and
     {arch}.attention.logn_scaling (BOOL); ggufrope keys of an earlier `set` that this
     call does not write are removed. Tensor data is copied byte-identical; a re-set
     --in-place only rewrites header bytes.
@@ -172,7 +205,8 @@ def set_cmd(
     from .gguf_file import write_rope_metadata
 
     dst = _destination(model, output, in_place)
-    r = write_rope_metadata(model, dst, method=method, factor=factor, exponent=exponent, logn=logn)
+    r = write_rope_metadata(model, dst, method=method, factor=factor, exponent=exponent, logn=logn, dynamic=dynamic,
+                            dynamic_ratio=dynamic_ratio)
     for note in r.notes:
         click.echo(f"ggufrope: note: {note}", err=True)
     _report(r, model, r.description or method)
@@ -315,18 +349,22 @@ def _run_options(f: Any) -> Any:
     ] + _DEVICE_OPTIONS
     for o in reversed(opts):
         f = o(f)
-    return f
+    return _dynamic_options(
+        "Left out: MODEL's metadata when --method is left out (alone, --dynamic keeps MODEL's method and b), "
+        "else the library's default."
+    )(f)
 
 
 def _load(model: str, n_ctx: int, method: str | None, factor: float | None, exponent: float | None,
-          logn: bool | None, gpu_layers: int, threads: int | None, verbose: bool) -> Any:
+          logn: bool | None, gpu_layers: int, threads: int | None, verbose: bool, dynamic: bool | None = None,
+          dynamic_ratio: float | None = None) -> Any:
     from .runtime import describe, load
 
     kw: dict[str, Any] = {}
     if threads:
         kw["n_threads"] = kw["n_threads_batch"] = threads
-    llm = load(model, method=method, factor=factor, exponent=exponent, logn=logn, n_ctx=n_ctx,
-               n_gpu_layers=gpu_layers, verbose=verbose, **kw)
+    llm = load(model, method=method, factor=factor, exponent=exponent, logn=logn, dynamic=dynamic,
+               dynamic_ratio=dynamic_ratio, n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=verbose, **kw)
     click.echo(f"[ggufrope] {describe(llm)}", err=True)  # the k in use, read back from the context
     return llm
 
@@ -356,6 +394,10 @@ def generate_cmd(model: str, prompt: str | None, prompt_file: str | None, n_pred
     for piece in generate(llm, text, n_predict=n_predict, temp=temp, seed=seed, progress=True):
         click.echo(piece, nl=False)
     click.echo()
+    if llm.ggufrope.dynamic:  # the k reached, read back from the context
+        from .runtime import describe
+
+        click.echo(f"[ggufrope] after generation: {describe(llm)}", err=True)
 
 
 @main.command("chat", context_settings=_CONTEXT)
@@ -424,6 +466,10 @@ def _eval_method_options(f: Any) -> Any:
         click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
                      help="Exponent b of ntk-mixed, 0 < b <= 1.  [default: 0.625]"),
         click.option("--logn/--no-logn", default=False, show_default=True, help="log-n query scaling beyond L."),
+        click.option("--dynamic/--static", "dynamic", default=False, show_default=True,
+                     help="Dynamic k (NTK family, without -k): no k is passed; llama.cpp keeps k = 1 within L, then "
+                     "the smallest power of 2 with k*L >= n as the window fills, re-rotating the cached keys. "
+                     "--static: one k per context, passed explicitly."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -464,7 +510,7 @@ def _fmt_ppl(x: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
 def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float | None, logn: bool,
-                 texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
+                 dynamic: bool, texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
                  n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
 
@@ -477,7 +523,7 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
     L = E.n_ctx_orig_of(model)
     n_ctx = n_ctx or 2 * L
     E.check_score_from(n_ctx, score_from)
-    st = E.Setting(method, factor, exponent, logn)
+    st = E.Setting(method, factor, exponent, logn, dynamic)
     txts = E.resolve_texts(texts)
     llm = E.load_model(model, st, n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
                        threads=threads, verbose=verbose)
@@ -496,6 +542,12 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
                 click.echo(f"{t.name:16s} windows {s['n_windows']:3d}  ppl {_fmt_ppl(s['ppl'])} "
                            f"({s['count']} tokens)  beyond L: {_fmt_ppl(s['ppl_beyond'])} ({s['count_beyond']} tokens)")
     out["all"] = E.summarize_windows(allw)
+    if st.dynamic:  # the k the last window reached, read back from the context
+        from .runtime import factor_in_use
+
+        out["factor_end"] = factor_in_use(llm)
+        if not as_json:
+            _say_rope(llm)
     if as_json:
         click.echo(json.dumps(out, indent=2))
     else:
@@ -517,7 +569,7 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
 def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
-                     logn: bool,
+                     logn: bool, dynamic: bool,
                      trials: int, seed: int, depths: str, n_gen: int, as_json: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
@@ -527,7 +579,7 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
     L = E.n_ctx_orig_of(model)
     ctxs = E.parse_ints(n_ctxs) if n_ctxs else [2 * L]
     ds = E.parse_depths(depths)
-    st = E.Setting(method, factor, exponent, logn)
+    st = E.Setting(method, factor, exponent, logn, dynamic)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
     for c in ctxs:
         llm = E.load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
@@ -536,6 +588,10 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
         with E.Decoder(llm) as dec:
             r = E.passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
                           desc=f"passkey {c}")
+        if st.dynamic:  # the k the last trial reached
+            from .runtime import factor_in_use
+
+            r["factor_end"] = factor_in_use(llm)
         del llm
         out["results"][str(c)] = r
         if not as_json:
@@ -552,7 +608,10 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 @click.option("--methods", default="all", show_default=True,
               help="Comma-separated methods, or all (none, linear, yarn, ntk, ntk-fixed, ntk-mixed).")
 @click.option("--logn", "logn_spec", default="both", show_default=True, help="off, on or both.")
-@click.option("-k", "--factor", type=float, default=None, metavar="K", help="Factor k. Left out: max(1, n_ctx / L).")
+@click.option("--dynamic", "dynamic_spec", default="off", show_default=True,
+              help="Dynamic k: off, on or both (on: the NTK-family methods only, no k passed; rows labelled dyn).")
+@click.option("-k", "--factor", type=float, default=None, metavar="K",
+              help="Factor k of the static rows. Left out: max(1, n_ctx / L).")
 @click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
               help="Exponent b of ntk-mixed.")
 @click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
@@ -572,13 +631,14 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
               help="Compute nothing: write the report from the cached units; cells not cached show as not run.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
-def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, factor: float | None, exponent: float,
+def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
+                     exponent: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
                      seed: int, depths: str, out_dir: str, cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
-    """Run the grid contexts x methods x log-n, resumably, and write the report.
+    """Run the grid contexts x methods x dynamic k x log-n, resumably, and write the report.
 
-    Every unit (model sha256, method, k, b, log-n, n_ctx, text or passkey trial set) is cached
+    Every unit (model sha256, method, k, b, dynamic k, log-n, n_ctx, text or passkey trial set) is cached
     as one JSON file, so an interrupted run resumes where it stopped and a finished one only
     rewrites the report. Writes DIR/results.json, DIR/results.md (rows: methods without and
     with log-n; columns: contexts; cells: perplexity beyond L / passkey accuracy) and DIR/ppl.png.
@@ -590,14 +650,19 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
     ctxs = E.parse_ints(n_ctxs)
     ms = E.parse_methods(methods)
     lns = E.parse_logn(logn_spec)
+    dyns = E.parse_logn(dynamic_spec, "--dynamic")
     ds = E.parse_depths(depths)
     for m in ms:  # the registry's checks of k and b, before anything runs
         E.Setting.for_grid(m, factor, exponent, False)
+    if not E.grid_configs(ctxs, ms, lns, dyns):
+        raise GGUFRopeError("nothing to run: --dynamic on applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
     txts = [] if no_ppl else E.resolve_texts(texts)
     if not txts and trials == 0:
         raise GGUFRopeError("nothing to run: --no-ppl with --trials 0")
     argv = ["ggufrope", "eval", "compare", model, "--n-ctx", ",".join(map(str, ctxs)), "--methods", ",".join(ms),
             "--logn", logn_spec]
+    if dyns != [False]:
+        argv += ["--dynamic", dynamic_spec]
     if factor is not None:
         argv += ["-k", f"{factor:g}"]
     argv += ["--b", f"{exponent:g}"]
@@ -615,7 +680,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, fact
     if report_only:
         argv += ["--report-only"]
     res, stats = E.run_compare(
-        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, factor=factor, exponent=exponent, texts=txts,
+        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, factor=factor, exponent=exponent, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
         report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),
