@@ -15,6 +15,14 @@ load the k in use is read back from the library (:func:`ggufrope.runtime.factor_
 and must be the one passed. (``ggufrope generate`` instead leaves the NTK family's automatic
 k to the library, which resolves it from n_ctx_seq.)
 
+**Dynamic k** (``--dynamic``, the NTK family only): the factor passed is
+:data:`~ggufrope.methods.AUTO_FACTOR` (0) with the dynamic override, and the library chooses k
+as each window fills (1 within L, then the smallest power of 2 with k·L >= n, the cached keys
+re-rotated). The k read back after a load must be 1 (an empty context), and the k reached at
+the end of a unit is stored with it (``factor_end``). A dynamic unit's cache key carries
+``"dynamic": true`` and its ratio r; a static unit's key has no such field, so it is the key
+it had before dynamic k existed. Report labels say ``dyn`` (``ntk-mixed (b=0.625) dyn``).
+
 **Perplexity** follows llama.cpp's ``llama-perplexity`` (tools/perplexity/perplexity.cpp,
 default mode): the document is tokenized once (BOS prepended when the vocabulary asks for
 it), cut into consecutive windows of ``n_ctx`` tokens, each window is evaluated from an empty
@@ -35,9 +43,10 @@ filler, then "What is the pass key? The pass key is"; the prompt fills the conte
 tokens to generate, the answer is decoded greedily and counts as correct when the 5-digit key
 appears in it.
 
-**compare** runs a grid (contexts x methods x log-n), one cached JSON file per unit
-(model fingerprint, method, k, b, log-n, n_ctx, document or passkey trial set, protocol
-version), so an interrupted run resumes where it stopped; it writes ``results.json``, a
+**compare** runs a grid (contexts x methods x dynamic k x log-n; dynamic k for the NTK family
+only), one cached JSON file per unit (model fingerprint, method, k, b, dynamic k, log-n, n_ctx,
+document or passkey trial set, protocol version), so an interrupted run resumes where it
+stopped; it writes ``results.json``, a
 markdown table shaped like seed 000's Table 1 and a PNG plot.
 """
 
@@ -59,7 +68,8 @@ from typing import Any
 import numpy as np
 
 from .errors import GGUFRopeError
-from .methods import DEFAULT_EXPONENT, METHODS, auto_factor, canonical, entry, to_float32
+from .methods import DEFAULT_DYNAMIC_RATIO, DEFAULT_EXPONENT, METHODS, auto_factor, canonical, dynamic_words, entry, \
+    to_float32
 from .runtime import RopeChoice
 
 #: bump when a change to this module changes what a cached result means
@@ -117,29 +127,49 @@ def passkey_text(key: int, n_sentences: int, depth: float) -> str:
 class Setting(RopeChoice):
     """A method as the evaluation applies it: :class:`ggufrope.runtime.RopeChoice` (same fields
     and the registry's checks; ``factor`` None means k = max(1, n_ctx / L), see the module
-    docstring) with k resolved per context."""
+    docstring) with k resolved per context. ``dynamic`` is a bool here: True runs dynamic k
+    (no k is passed), False (or None) one explicit k per context."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "dynamic", bool(self.dynamic))
 
     @classmethod
-    def for_grid(cls, method: str, factor: float | None, exponent: float | None, logn: bool) -> Setting:
+    def for_grid(cls, method: str, factor: float | None, exponent: float | None, logn: bool,
+                 dynamic: bool = False) -> Setting:
         """The setting of ``method`` in a grid whose k and b are given once for all methods: k
-        goes only to methods that take one, b only to ntk-mixed (the registry's parameters)."""
+        goes only to methods that take one (and not with dynamic k, which chooses its own), b
+        only to ntk-mixed (the registry's parameters)."""
         try:
             m = entry(method)
         except ValueError as e:
             raise GGUFRopeError(str(e)) from None
-        return cls(m.name, factor if m.uses_factor else None, exponent if m.uses_exponent else None, logn)
+        return cls(m.name, factor if m.uses_factor and not dynamic else None, exponent if m.uses_exponent else None,
+                   logn, dynamic)
 
     def resolved_factor(self, n_ctx: int, n_ctx_orig: int) -> float | None:
-        """k as applied at ``n_ctx`` (None for ``none``, which has no k)."""
-        if not METHODS[self.method].uses_factor:
+        """k as applied at ``n_ctx`` (None for ``none``, which has no k, and for dynamic k,
+        which the library chooses as the context fills)."""
+        if not METHODS[self.method].uses_factor or self.dynamic:
             return None
         return float(self.factor) if self.factor is not None else auto_factor(n_ctx, n_ctx_orig)
 
     def label(self, n_ctx: int | None = None, n_ctx_orig: int | None = None) -> str:  # type: ignore[override]
         s = self.method + (f" (b={self.exponent:g})" if self.method == "ntk-mixed" else "")
-        if n_ctx is not None and n_ctx_orig is not None and self.method != "none":
+        if self.dynamic:
+            r = self.dynamic_ratio
+            s += " dyn" + (f" (r={r:g})" if r is not None and r != DEFAULT_DYNAMIC_RATIO else "")
+        elif n_ctx is not None and n_ctx_orig is not None and self.method != "none":
             s += f" k={self.resolved_factor(n_ctx, n_ctx_orig):g}"
         return s + (" + log-n" if self.logn else "")
+
+    def key_fields(self) -> dict[str, Any]:
+        """What dynamic k adds to a cached unit's key: ``{"dynamic": True, "dynamic_ratio": r}``;
+        nothing for a static setting (its key is the one it had before dynamic k existed)."""
+        if not self.dynamic:
+            return {}
+        r = self.dynamic_ratio
+        return {"dynamic": True, "dynamic_ratio": float(DEFAULT_DYNAMIC_RATIO if r is None else r)}
 
 
 def n_ctx_orig_of(model: str | os.PathLike) -> int:
@@ -168,8 +198,9 @@ def load_model(
 
     k is passed explicitly (:meth:`Setting.resolved_factor`, see the module docstring) and the
     k the context applies is read back: a library that applies another k (or none) raises
-    :class:`GGUFRopeError`. The returned ``Llama`` carries ``llm.ggufrope``
-    (:class:`ggufrope.runtime.RopeInUse`)."""
+    :class:`GGUFRopeError`. With dynamic k no k is passed (auto, with the dynamic override) and
+    the k read back must be 1 (the context is empty). The returned ``Llama`` carries
+    ``llm.ggufrope`` (:class:`ggufrope.runtime.RopeInUse`)."""
     from .runtime import load
 
     L = n_ctx_orig_of(model)
@@ -180,11 +211,16 @@ def load_model(
     k = setting.resolved_factor(n_ctx, L)
     llm = load(
         model, method=setting.method, factor=k, exponent=setting.exponent,
-        logn=setting.logn, n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=verbose,
+        logn=setting.logn, dynamic=setting.dynamic, dynamic_ratio=setting.dynamic_ratio if setting.dynamic else None,
+        n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=verbose,
         n_batch=n_batch, n_ubatch=min(n_batch, n_ubatch or n_batch), **kw,
     )
     used = llm.ggufrope.factor
-    if (k is None) != (used is None) or (k is not None and to_float32(used) != to_float32(k)):
+    if setting.dynamic:
+        if not llm.ggufrope.dynamic or used != 1.0:
+            raise GGUFRopeError(f"{setting.label()}: llama.cpp starts the context with k = {used}"
+                                f"{'' if llm.ggufrope.dynamic else ', static'}, where dynamic k starts at 1")
+    elif (k is None) != (used is None) or (k is not None and to_float32(used) != to_float32(k)):
         raise GGUFRopeError(f"{setting.label()}: llama.cpp applies k = {used} where k = {k} was passed")
     return llm
 
@@ -582,7 +618,8 @@ class Cache:
 
     def path(self, key: dict[str, Any]) -> pathlib.Path:
         h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-        return self.root / f"{key['kind']}-{key['method']}{'-logn' if key['logn'] else ''}-{key['n_ctx']}-{h}.json"
+        dyn = "-dyn" if key.get("dynamic") else ""
+        return self.root / f"{key['kind']}-{key['method']}{dyn}{'-logn' if key['logn'] else ''}-{key['n_ctx']}-{h}.json"
 
     def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
         try:
@@ -634,12 +671,22 @@ def parse_depths(spec: str) -> list[float] | None:
     return out
 
 
-def parse_logn(spec: str) -> list[bool]:
+def parse_logn(spec: str, what: str = "--logn") -> list[bool]:
+    """off, on or both (also of ``--dynamic``: ``what`` names the option)."""
     s = spec.strip().lower()
     table = {"both": [False, True], "off": [False], "on": [True]}
     if s not in table:
-        raise GGUFRopeError(f"--logn: expected off, on or both, got {spec!r}")
+        raise GGUFRopeError(f"{what}: expected off, on or both, got {spec!r}")
     return table[s]
+
+
+def grid_configs(n_ctxs: Sequence[int], methods: Sequence[str], logn_modes: Sequence[bool],
+                 dynamic_modes: Sequence[bool] = (False,)) -> list[tuple[int, str, bool, bool]]:
+    """The cells of the grid, (n_ctx, method, log-n, dynamic), in report order: contexts, then
+    methods, then static before dynamic, then log-n; dynamic k only for methods that support it
+    (the NTK family)."""
+    return [(c, m, ln, dyn) for c in n_ctxs for m in methods for dyn in dynamic_modes for ln in logn_modes
+            if not dyn or entry(m).supports_dynamic]
 
 
 @dataclasses.dataclass
@@ -683,6 +730,7 @@ def run_compare(
     n_ctxs: Sequence[int],
     methods: Sequence[str],
     logn_modes: Sequence[bool] = (False, True),
+    dynamic_modes: Sequence[bool] = (False,),
     factor: float | None = None,
     exponent: float = DEFAULT_EXPONENT,
     texts: Sequence[Text] = (),
@@ -708,7 +756,8 @@ def run_compare(
     ``results.md`` and ``ppl.png`` into ``out_dir``. Returns (results, stats).
 
     ``report_only``: compute nothing, build the report from
-    the units already cached; a cell whose units are missing is reported as not run (None)."""
+    the units already cached; a cell whose units are missing is reported as not run (None).
+    ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only)."""
     from tqdm import tqdm
 
     for c in n_ctxs:
@@ -723,14 +772,17 @@ def run_compare(
     say = log or (lambda s: None)
 
     tokens_by_text: dict[str, list[int]] = {}  # tokenized once, with the first model loaded
-    configs = [(c, m, ln) for c in n_ctxs for m in methods for ln in logn_modes]
+    configs = grid_configs(n_ctxs, methods, logn_modes, dynamic_modes)
+    if not configs:
+        raise GGUFRopeError("nothing to run: dynamic k applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
     units = []
-    for c, m, ln in configs:
-        st = Setting.for_grid(m, factor, exponent, ln)
+    for c, m, ln, dyn in configs:
+        st = Setting.for_grid(m, factor, exponent, ln, dyn)
         base = {
             "eval_version": EVAL_VERSION, "model": {"sha256": fp["sha256"], "size": fp["size"]},
             "method": st.method, "factor": st.resolved_factor(c, L),
             "exponent": st.exponent if st.method == "ntk-mixed" else None, "logn": ln, "n_ctx": c, "n_ctx_orig": L,
+            **st.key_fields(),
         }
         for t in texts:
             units.append((st, c, "ppl", t, {**base, "kind": "ppl", "text": t.name, "text_sha256": t.sha256,
@@ -774,6 +826,10 @@ def run_compare(
                     r = {"windows": [dataclasses.asdict(w) for w in ws], **summarize_windows(ws)}
                 else:
                     r = passkey(dec, c, trials=trials, seed=seed, depths=depths, n_gen=n_gen, progress=progress)
+                if st.dynamic:  # the k the last window / trial reached
+                    from .runtime import factor_in_use
+
+                    r["factor_end"] = factor_in_use(llm)
                 r["wall_s"] = time.perf_counter() - t0
                 cache.put(key, r)
                 stats.computed += 1
@@ -781,22 +837,23 @@ def run_compare(
             else:
                 stats.cached += 1
                 say(f"cached   {label}")
-            results[(st.method, st.logn, c, kind, text.name if text else None)] = r
+            results[(st.method, st.logn, st.dynamic, c, kind, text.name if text else None)] = r
             bar.update(1)
     if dec is not None:
         dec.close()
     del llm
 
     cells = []
-    for c, m, ln in configs:
-        st = Setting.for_grid(m, factor, exponent, ln)
-        docs = {t.name: results.get((m, ln, c, "ppl", t.name)) for t in texts}
+    for c, m, ln, dyn in configs:
+        st = Setting.for_grid(m, factor, exponent, ln, dyn)
+        docs = {t.name: results.get((m, ln, dyn, c, "ppl", t.name)) for t in texts}
         if None in docs.values():  # report_only and some text not run: no partial pooled value
             docs = {}
         pooled = summarize_windows(w for d in docs.values() for w in d["windows"]) if docs else None
-        pk = results.get((m, ln, c, "passkey", None))
+        pk = results.get((m, ln, dyn, c, "passkey", None))
         cells.append({
-            "n_ctx": c, "method": m, "logn": ln, "label": st.label(), "factor": st.resolved_factor(c, L),
+            "n_ctx": c, "method": m, "logn": ln, **({"dynamic": True} if dyn else {}),
+            "label": st.label(), "factor": st.resolved_factor(c, L),
             "exponent": st.exponent if m == "ntk-mixed" else None,
             "ppl": pooled and pooled["ppl"], "ppl_beyond": pooled and pooled["ppl_beyond"],
             "scored_tokens": pooled and pooled["count"], "scored_tokens_beyond": pooled and pooled["count_beyond"],
@@ -809,7 +866,8 @@ def run_compare(
         "eval_version": EVAL_VERSION,
         "command": command,
         "model": {**fp, "path": os.fspath(model), "n_ctx_orig": L},
-        "grid": {"n_ctx": list(n_ctxs), "methods": list(methods), "logn": list(logn_modes), "factor": factor,
+        "grid": {"n_ctx": list(n_ctxs), "methods": list(methods), "logn": list(logn_modes),
+                 "dynamic": list(dynamic_modes), "factor": factor,
                  "exponent": exponent, "texts": [{"name": t.name, "sha256": t.sha256} for t in texts],
                  "max_windows": max_windows, "score_from": score_from, "trials": trials, "seed": seed,
                  "depths": None if depths is None else list(depths), "n_gen": n_gen,
@@ -830,38 +888,41 @@ def run_compare(
 # --- reports -----------------------------------------------------------------------------------
 
 
-def _row_name(method: str, logn: bool, exponent: float | None) -> str:
+def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False) -> str:
     name = SEED_NAMES.get(method, method)
     if method == "ntk-mixed" and exponent is not None:
         name += f" (b={exponent:g})"
-    return name + (" + log n" if logn else "")
+    return name + (" dyn" if dynamic else "") + (" + log n" if logn else "")
 
 
 def markdown_table(res: dict[str, Any]) -> str:
-    """Seed 000's Table 1 shape: rows = methods without and with log-n, columns = contexts,
-    cells = perplexity beyond L / passkey accuracy."""
+    """Seed 000's Table 1 shape: rows = methods without and with log-n (static k, then dynamic
+    k where the grid has it), columns = contexts, cells = perplexity beyond L / passkey
+    accuracy."""
     L = res["model"]["n_ctx_orig"]
     g = res["grid"]
     ctxs = g["n_ctx"]
-    by = {(c["method"], c["logn"], c["n_ctx"]): c for c in res["cells"]}
+    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
     head = ["method"] + [f"{c} ({c / L:.3g}×L)" for c in ctxs]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ctxs)) + "|"]
     any_paren = False
-    for m in g["methods"]:
-        for ln in g["logn"]:
-            cells = []
-            for c in ctxs:
-                cell = by[(m, ln, c)]
-                if cell["ppl_beyond"] is not None:
-                    p = f"{cell['ppl_beyond']:.3f}"
-                elif cell["ppl"] is not None:
-                    p = f"({cell['ppl']:.3f})"
-                    any_paren = True
-                else:
-                    p = "–"
-                a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
-                cells.append(f"{p} / {a}")
-            lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None)} | " + " | ".join(cells) + " |")
+    rows = [(m, ln, dyn) for m in g["methods"] for dyn in g.get("dynamic", [False]) for ln in g["logn"]
+            if (m, ln, dyn, ctxs[0]) in by]
+    for m, ln, dyn in rows:
+        cells = []
+        for c in ctxs:
+            cell = by[(m, ln, dyn, c)]
+            if cell["ppl_beyond"] is not None:
+                p = f"{cell['ppl_beyond']:.3f}"
+            elif cell["ppl"] is not None:
+                p = f"({cell['ppl']:.3f})"
+                any_paren = True
+            else:
+                p = "–"
+            a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
+            cells.append(f"{p} / {a}")
+        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn)} | "
+                     + " | ".join(cells) + " |")
     notes = [
         "",
         f"Cells: perplexity of the tokens predicted from positions ≥ L = {L} (lower is better) / "
@@ -872,6 +933,8 @@ def markdown_table(res: dict[str, Any]) -> str:
     ks = sorted({(c["n_ctx"], c["factor"]) for c in res["cells"] if c["factor"] is not None})
     if ks:
         notes.append("Factor k per context: " + ", ".join(f"{c}: k = {k:g}" for c, k in sorted(set(ks))) + ".")
+    if any(c.get("dynamic") for c in res["cells"]):
+        notes.append(f"dyn: {dynamic_words()} (llama.cpp chooses k as each window fills; no fixed k).")
     texts = ", ".join(t["name"] for t in g["texts"]) or "none"
     sf = "n_ctx/2" if g["score_from"] is None else str(g["score_from"])
     notes.append(f"Texts: {texts}; windows per text: {g['max_windows'] or 'all'}; scored from position {sf} "
@@ -894,17 +957,19 @@ def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, m in enumerate(g["methods"]):
-        for ln in g["logn"]:
-            xs, ys = [], []
-            for c in res["cells"]:
-                if c["method"] == m and c["logn"] == ln:
-                    y = c["ppl_beyond"] if c["ppl_beyond"] is not None else c["ppl"]
-                    if y is not None:
-                        xs.append(c["n_ctx"])
-                        ys.append(y)
-            if xs:
-                ax.plot(xs, ys, marker="o", linestyle="--" if ln else "-", color=colors[i % len(colors)],
-                        label=m + (" + log n" if ln else ""))
+        for dyn in g.get("dynamic", [False]):
+            for ln in g["logn"]:
+                xs, ys = [], []
+                for c in res["cells"]:
+                    if c["method"] == m and c["logn"] == ln and c.get("dynamic", False) == dyn:
+                        y = c["ppl_beyond"] if c["ppl_beyond"] is not None else c["ppl"]
+                        if y is not None:
+                            xs.append(c["n_ctx"])
+                            ys.append(y)
+                if xs:
+                    ax.plot(xs, ys, marker="s" if dyn else "o", linestyle=(":" if dyn else "--") if ln else
+                            ("-." if dyn else "-"), color=colors[i % len(colors)],
+                            label=m + (" dyn" if dyn else "") + (" + log n" if ln else ""))
     ax.axvline(L, color="gray", linewidth=0.8, linestyle=":", label=f"L = {L}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
