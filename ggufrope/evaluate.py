@@ -724,6 +724,20 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def unit_key(setting: Setting, n_ctx: int, n_ctx_orig: int, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The part of a cached unit's key that names the model and the setting at ``n_ctx``
+    (the kind of unit, its text or trial set are added by :func:`run_compare`): protocol
+    version, model sha256 and size, method, the k applied (None: none, or dynamic k), b
+    (ntk-mixed), log-n, n_ctx and L, and with dynamic k ``dynamic`` and ``dynamic_ratio``
+    (:meth:`Setting.key_fields`; a static key has neither)."""
+    return {
+        "eval_version": EVAL_VERSION, "model": {"sha256": fingerprint["sha256"], "size": fingerprint["size"]},
+        "method": setting.method, "factor": setting.resolved_factor(n_ctx, n_ctx_orig),
+        "exponent": setting.exponent if setting.method == "ntk-mixed" else None, "logn": setting.logn,
+        "n_ctx": n_ctx, "n_ctx_orig": n_ctx_orig, **setting.key_fields(),
+    }
+
+
 def run_compare(
     model: str | os.PathLike,
     *,
@@ -778,12 +792,7 @@ def run_compare(
     units = []
     for c, m, ln, dyn in configs:
         st = Setting.for_grid(m, factor, exponent, ln, dyn)
-        base = {
-            "eval_version": EVAL_VERSION, "model": {"sha256": fp["sha256"], "size": fp["size"]},
-            "method": st.method, "factor": st.resolved_factor(c, L),
-            "exponent": st.exponent if st.method == "ntk-mixed" else None, "logn": ln, "n_ctx": c, "n_ctx_orig": L,
-            **st.key_fields(),
-        }
+        base = unit_key(st, c, L, fp)
         for t in texts:
             units.append((st, c, "ppl", t, {**base, "kind": "ppl", "text": t.name, "text_sha256": t.sha256,
                                             "score_from": c // 2 if score_from is None else score_from,
