@@ -180,6 +180,115 @@ def test_summary_words() -> None:
     assert M.summary("ntk-mixed", "2", "0.5", True) == "ntk-mixed, b = 0.5, k = 2, log-n on"
     assert M.summary("none", "2", "0.5", False) == "none, log-n off"  # none takes neither
     assert M.summary("ntk", "auto", "0.5", False) == "ntk, k = auto, log-n off"
+    dyn = "k dynamic: 1 within L, then powers of 2 >= n/L, KV cache re-rotated"
+    assert M.summary("ntk-mixed", None, "0.625", False, dynamic=True) == f"ntk-mixed, b = 0.625, {dyn}, log-n off"
+    assert M.summary("ntk", "4", None, True, dynamic=True) == f"ntk, {dyn} (k now 4), log-n on"
+    assert M.summary("ntk-fixed", None, None, False, dynamic=True, dynamic_ratio=1.5) == \
+        "ntk-fixed, k dynamic: 1 within L, then powers of 1.5 >= n/L, KV cache re-rotated, log-n off"
+    # a float32 ratio reads back as typed
+    assert M.dynamic_words(float(np.float32(1.1))) == "k dynamic: 1 within L, then powers of 1.1 >= n/L, KV cache re-rotated"
+    assert M.summary("none", None, None, True, dynamic=True) == "none, log-n on"  # none has no dynamic k
+
+
+# --------------------------------------------------------------------------- dynamic k (issue 13)
+
+
+@pytest.mark.parametrize(
+    "args, kw, want",
+    [
+        (("mixed",), {"dynamic": True}, ("ntk-mixed", None, 0.625, True, None)),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": 1.5}, ("ntk", None, None, True, 1.5)),
+        (("ntk-fixed",), {"dynamic": False}, ("ntk-fixed", None, None, False, None)),
+        (("ntk", 2.0), {"dynamic": False}, ("ntk", 2.0, None, False, None)),
+        (("none",), {"dynamic": False}, ("none", None, None, False, None)),  # static none: nothing to refuse
+        (("linear", 2.0), {"dynamic": False}, ("linear", 2.0, None, False, None)),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": 1.1, "float32": True}, ("ntk", None, None, True, float(np.float32(1.1)))),
+        (("ntk",), {}, ("ntk", None, None, None, None)),  # not given stays not given
+    ],
+)
+def test_validate_dynamic_accepts(args, kw, want) -> None:
+    p = M.validate(*args, **kw)
+    assert (p.method, p.factor, p.exponent, p.dynamic, p.dynamic_ratio) == want
+
+
+@pytest.mark.parametrize(
+    "args, kw, msg",
+    [
+        (("none",), {"dynamic": True}, "dynamic k needs an NTK-family method (ntk, ntk-fixed, ntk-mixed), not 'none'"),
+        (("linear",), {"dynamic": True}, "not 'linear'"),
+        (("yarn",), {"dynamic": True}, "not 'yarn'"),
+        (("ntk", 2.0), {"dynamic": True}, "dynamic k chooses k itself (1 within L, then by its schedule): "
+                                          "leave the factor k out (got 2.0)"),
+        (("ntk", 1.0), {"dynamic": True}, "leave the factor k out"),
+        (("ntk",), {"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
+        (("ntk",), {"dynamic": False, "dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": 1.0}, "dynamic ratio r must be finite and > 1, got 1.0"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": 0.0}, "dynamic ratio r must be finite and > 1"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": -3.0}, "dynamic ratio r must be finite and > 1"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": float("nan")}, "dynamic ratio r must be finite and > 1"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": float("inf")}, "dynamic ratio r must be finite and > 1"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": 1.00000001}, "(1.0 as float32)"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": "2"}, "dynamic ratio r must be a number"),
+        (("ntk",), {"dynamic": True, "dynamic_ratio": True}, "dynamic ratio r must be a number"),
+        (("ntk",), {"dynamic": "yes"}, "dynamic must be true, false or left out, got 'yes'"),
+        (("ntk",), {"dynamic": 1}, "dynamic must be true, false or left out"),
+        (("linear",), {"dynamic": True, "stored": True}, "use llama.cpp's --rope-scaling linear"),  # stored first
+    ],
+)
+def test_validate_dynamic_refuses(args, kw, msg) -> None:
+    with pytest.raises(ValueError) as ei:
+        M.validate(*args, **kw)
+    assert msg in str(ei.value) and "\n" not in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "stored, want",
+    [
+        (("ntk-mixed", None, None, True, None), ("ntk-mixed", None, True, 2.0)),  # the default ratio
+        (("ntk", 0.0, None, True, 3.0), ("ntk", None, True, 3.0)),  # factor 0: auto, allowed
+        (("ntk", 2.0, None, False, None), ("ntk", 2.0, False, None)),
+        (("ntk", 2.0, None, False, 1.5), ("ntk", 2.0, False, 1.5)),  # a ratio beside static k: checked, no effect
+        (("ntk", None, None, None, None), ("ntk", None, False, None)),  # absent: DYNAMIC_DEFAULT (False)
+        (("none", None, None, False, None), ("none", None, False, None)),
+    ],
+)
+def test_validate_stored_dynamic(stored, want) -> None:
+    p = M.validate_stored(*stored)
+    assert (p.method, p.factor, p.dynamic, p.dynamic_ratio) == want
+
+
+@pytest.mark.parametrize(
+    "stored, msg",
+    [
+        (("none", None, None, True, None), "dynamic k needs an NTK-family method (ntk, ntk-fixed, ntk-mixed), not 'none'"),
+        (("ntk-mixed", 2.0, None, True, None), "the factor k must be absent or 0 (got 2.0)"),
+        (("ntk-mixed", 1.0, None, True, None), "the factor k must be absent or 0 (got 1.0)"),
+        (("ntk", None, None, True, 1.0), "dynamic ratio r must be finite and > 1, got 1.0"),
+        (("ntk", None, None, False, 0.5), "dynamic ratio r must be finite and > 1, got 0.5"),  # refused even when static
+        (("ntk", None, None, None, float("inf")), "dynamic ratio r must be finite and > 1"),
+    ],
+)
+def test_validate_stored_dynamic_refuses(stored, msg) -> None:
+    with pytest.raises(ValueError) as ei:
+        M.validate_stored(*stored)
+    assert msg in str(ei.value)
+
+
+def test_dynamic_effective_and_its_default(monkeypatch) -> None:
+    assert M.DYNAMIC_DEFAULT is False
+    assert M.dynamic_effective("ntk", None, None) is False
+    assert M.dynamic_effective("ntk", None, True) is True
+    assert M.dynamic_effective("ntk", 2.0, False) is False
+    monkeypatch.setattr(M, "DYNAMIC_DEFAULT", True)
+    assert M.dynamic_effective("ntk", None, None) is True
+    assert M.dynamic_effective("ntk-mixed", M.AUTO_FACTOR, None) is True
+    assert M.dynamic_effective("ntk", 2.0, None) is False  # an explicit k stays static
+    assert M.dynamic_effective("none", None, None) is False
+    assert M.dynamic_effective("linear", None, None) is False
+    assert M.dynamic_effective("ntk", None, False) is False
+    assert M.validate_stored("ntk", None, None).dynamic is True
+    assert M.validate_stored("ntk", None, None).dynamic_ratio == 2.0
+    assert M.validate_stored("ntk", 2.0, None).dynamic is False
 
 
 # --------------------------------------------------------------------------- everything else calls it
@@ -212,6 +321,20 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
     assert E.Setting.for_grid("ntk", 2.0, 0.5, False).exponent == 0.5
     assert R.RopeChoice("none", 2.0).factor == 2.0
     assert E.Setting("none", 2.0).resolved_factor(128, 64) == 2.0
+
+    # dynamic k: the registry says which methods have it (today the NTK family)
+    for make in (lambda: G._rope_values("none", None, None, False, True), lambda: R.RopeChoice("none", dynamic=True),
+                 lambda: E.Setting("none", dynamic=True)):
+        with pytest.raises(GGUFRopeError, match="dynamic k needs an NTK-family method"):
+            make()
+    monkeypatch.setattr(M.Method, "supports_dynamic", property(lambda self: self.name in ("none", "ntk-mixed")))
+    assert G._rope_values("none", None, None, False, True)[4] is True
+    assert R.RopeChoice("none", dynamic=True).runs_dynamic
+    assert E.Setting("none", dynamic=True).dynamic
+    with pytest.raises(GGUFRopeError, match=r"dynamic k needs an NTK-family method \(none, ntk-mixed\), not 'ntk'"):
+        R.RopeChoice("ntk", dynamic=True)
+    with pytest.raises(ValueError, match="not 'ntk-fixed'"):
+        M.validate_stored("ntk-fixed", None, None, True)
 
     # the checks on values too: a registry whose k must be >= 2
     def check_factor(k):
