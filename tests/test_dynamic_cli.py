@@ -83,6 +83,10 @@ def test_the_default_is_written_in_one_place() -> None:
             if re.match(r"\s*DYNAMIC_DEFAULT\s*[:=]", line):
                 hits.append(p.name)
     assert hits == ["methods.py"]
+    # the README says what the constant says (a flip must update it)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`ggufrope.methods.DYNAMIC_DEFAULT` says (currently `{M.DYNAMIC_DEFAULT}`: " \
+           f"{'dynamic' if M.DYNAMIC_DEFAULT else 'static'})" in readme
 
 
 def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monkeypatch) -> None:
