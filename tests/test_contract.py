@@ -44,7 +44,8 @@ def _written_keys(tmp_path, arch: str) -> set[str]:
     src = write_test_gguf(tmp_path / "m.gguf", arch)
     before = {kv.key for kv in read_header(src).kvs}
     seen: set[str] = set()
-    for kw in (dict(method="ntk-mixed", exponent=0.5, factor=4.0, logn=True), dict(method="ntk"), dict(method="none", logn=True)):
+    for kw in (dict(method="ntk-mixed", exponent=0.5, factor=4.0, logn=True), dict(method="ntk"), dict(method="none", logn=True),
+               dict(method="ntk", dynamic=True, dynamic_ratio=1.5)):
         out = tmp_path / "out.gguf"
         write_rope_metadata(src, out, **kw)
         seen |= {kv.key for kv in read_header(out).kvs} - before
@@ -85,6 +86,12 @@ def _tiny_keys(arch: str) -> dict:
     """The ggufrope keys of ntk-mixed (k 4, b 0.625) + log-n, as file keys and as kv overrides."""
     return {K.key(K.KEY_METHOD, arch): "ntk-mixed", K.key(K.KEY_FACTOR, arch): STOCK_K,
             K.key(K.KEY_EXPONENT, arch): 0.625, K.key(K.KEY_LOGN, arch): True}
+
+
+def _tiny_dynamic_keys(arch: str) -> dict:
+    """The ggufrope keys of ntk-mixed with dynamic k (ratio 1.5, no factor) + log-n."""
+    return {K.key(K.KEY_METHOD, arch): "ntk-mixed", K.key(K.KEY_EXPONENT, arch): 0.625,
+            K.key(K.KEY_DYNAMIC, arch): True, K.key(K.KEY_DYNAMIC_RATIO, arch): 1.5, K.key(K.KEY_LOGN, arch): True}
 
 
 def _stock_child(job_path: str) -> None:
@@ -161,7 +168,7 @@ def test_stock_build_ignores_ggufrope_keys(patched_lib, tmp_path):
     """The contract, run: the UNPATCHED llama.cpp of the same pinned tree (build/stock-lib, built by
     ``make stock``, part of ``make test``), loaded by llama-cpp-python in a subprocess through
     LLAMA_CPP_LIB_PATH, (1) runs tiny llama/qwen2 files that carry ntk-mixed (k 4, b 0.625) + log-n
-    keys, and the same keys as kv overrides, as plain RoPE: logits equal to the same file without the
+    keys (and a llama file with dynamic k, ratio 1.5), and the same keys as kv overrides, as plain RoPE: logits equal to the same file without the
     keys and to the torch plain-RoPE reference (rel. err <= 1e-3) over positions 0 .. 4L-1, while
     the patched library on the same keyed file is far from plain (so the comparison has power); and
     (2) loads a ``ggufrope set`` SmolLM2 file (ntk-mixed + log-n) and generates greedily, the
@@ -181,16 +188,17 @@ def test_stock_build_ignores_ggufrope_keys(patched_lib, tmp_path):
     from torch_reference import forward
 
     assert (STOCK_LIB / "libllama.so").exists(), f"{STOCK_LIB} has no libllama.so: run make stock (make test builds it)"
-    writers = {"llama": write_tiny_llama, "qwen2": write_tiny_qwen2}
+    writers = {"llama": ("llama", write_tiny_llama, _tiny_keys), "qwen2": ("qwen2", write_tiny_qwen2, _tiny_keys),
+               "llama-dynamic": ("llama", write_tiny_llama, _tiny_dynamic_keys)}
     tiny, models = [], {}
-    for i, (arch, writer) in enumerate(writers.items()):
-        keyed = writer(tmp_path / f"{arch}-keyed.gguf", seed=31 + i, extra_kv=_tiny_keys(arch))
-        plain = writer(tmp_path / f"{arch}-plain.gguf", seed=31 + i)
+    for i, (name, (arch, writer, keys)) in enumerate(writers.items()):
+        keyed = writer(tmp_path / f"{name}-keyed.gguf", seed=31 + i, extra_kv=keys(arch))
+        plain = writer(tmp_path / f"{name}-plain.gguf", seed=31 + i)
         L = keyed.n_ctx_train
         toks = np.random.default_rng(i).integers(N_SPECIAL, keyed.n_vocab, size=int(STOCK_K) * L).tolist()
-        models[arch] = (keyed, plain, toks)
+        models[name] = (keyed, plain, toks)
         tiny.append({"arch": arch, "keyed": str(keyed.path), "plain": str(plain.path), "tokens": toks,
-                     "overrides": _tiny_keys(arch), "out": str(tmp_path / arch)})
+                     "overrides": keys(arch), "out": str(tmp_path / name)})
 
     smollm2 = default_model_path()
     set_file = tmp_path / "smollm2-mixed-logn.gguf"
@@ -219,16 +227,16 @@ def test_stock_build_ignores_ggufrope_keys(patched_lib, tmp_path):
 
     import llama_cpp
 
-    for arch, (keyed, plain, toks) in models.items():
+    for name, (keyed, plain, toks) in models.items():
         ref = forward(plain, toks)
-        got = {v: np.load(tmp_path / f"{arch}.{v}.npy") for v in ("keyed", "overrides", "plain")}
+        got = {v: np.load(tmp_path / f"{name}.{v}.npy") for v in ("keyed", "overrides", "plain")}
         for v, logits in got.items():
-            assert logits.shape == ref.shape and np.all(np.isfinite(logits)), (arch, v)
+            assert logits.shape == ref.shape and np.all(np.isfinite(logits)), (name, v)
             err = _rel_err(logits, ref)
-            print(f"\nstock {arch} {v}: max rel err vs torch plain RoPE {err.max():.2e}")
-            assert err.max() <= STOCK_TOL, f"stock {arch} {v}: max rel err {err.max():.2e} > {STOCK_TOL}"
+            print(f"\nstock {name} {v}: max rel err vs torch plain RoPE {err.max():.2e}")
+            assert err.max() <= STOCK_TOL, f"stock {name} {v}: max rel err {err.max():.2e} > {STOCK_TOL}"
         # the keys change nothing at all: the same numbers as the file without them
-        assert np.array_equal(got["keyed"], got["plain"]) and np.array_equal(got["overrides"], got["plain"]), arch
+        assert np.array_equal(got["keyed"], got["plain"]) and np.array_equal(got["overrides"], got["plain"]), name
         # power: the patched library applies the same keys, far from plain RoPE
         llm = llama_cpp.Llama(model_path=str(keyed.path), n_ctx=len(toks), n_batch=len(toks), n_ubatch=len(toks),
                               logits_all=True, type_k=0, type_v=0, flash_attn=False, n_threads=2, verbose=False)
@@ -238,8 +246,8 @@ def test_stock_build_ignores_ggufrope_keys(patched_lib, tmp_path):
         finally:
             llm.close()
         far = _rel_err(patched, ref).max()
-        print(f"patched {arch} keyed: max rel err vs plain {far:.2e}")
-        assert far > 100 * STOCK_TOL, f"patched {arch}: the keys barely change the logits ({far:.2e})"
+        print(f"patched {name} keyed: max rel err vs plain {far:.2e}")
+        assert far > 100 * STOCK_TOL, f"patched {name}: the keys barely change the logits ({far:.2e})"
 
     gens = rep["smollm2"]
     print(f"stock SmolLM2, {gens['set_file']['prompt_tokens']}-token prompt: set file {gens['set_file']['text']!r}, "
