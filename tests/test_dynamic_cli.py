@@ -590,8 +590,8 @@ def test_generate_prints_the_k_reached(dyn_lib, tmp_path) -> None:
     lib = R.library_version()
     assert lines == [
         f"[ggufrope] rope: ntk, {DYN_WORDS} (k now 1, L 64), log-n off (chosen at load time); llama.cpp patched {lib}",
-        f"[ggufrope] after generation: rope: ntk, {DYN_WORDS} (k now 2, L 64), log-n off (chosen at load time); "
-        f"llama.cpp patched {lib}",
+        (f"[ggufrope] after generation: rope: ntk, {DYN_WORDS} (k now 2, L 64), log-n off (chosen at load time); "
+         f"llama.cpp patched {lib}"),
     ]
 
 

@@ -217,8 +217,8 @@ def test_validate_dynamic_accepts(args, kw, want) -> None:
         (("none",), {"dynamic": True}, "dynamic k needs an NTK-family method (ntk, ntk-fixed, ntk-mixed), not 'none'"),
         (("linear",), {"dynamic": True}, "not 'linear'"),
         (("yarn",), {"dynamic": True}, "not 'yarn'"),
-        (("ntk", 2.0), {"dynamic": True}, "dynamic k chooses k itself (1 within L, then by its schedule): "
-                                          "leave the factor k out (got 2.0)"),
+        (("ntk", 2.0), {"dynamic": True}, ("dynamic k chooses k itself (1 within L, then by its schedule): "
+                                           "leave the factor k out (got 2.0)")),
         (("ntk", 1.0), {"dynamic": True}, "leave the factor k out"),
         (("ntk",), {"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
         (("ntk",), {"dynamic": False, "dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
