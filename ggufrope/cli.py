@@ -229,7 +229,7 @@ def reset_cmd(model: str, output: str | None, in_place: bool) -> None:
     _report(r, model, what)
 
 
-_FLOAT32_FIELDS = ("freq_base", "stock_scaling_factor", "factor", "exponent")
+_FLOAT32_FIELDS = ("freq_base", "stock_scaling_factor", "factor", "exponent", "dynamic_ratio")
 
 
 def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:

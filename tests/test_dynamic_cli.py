@@ -155,6 +155,9 @@ def test_set_show_reset_round_trip(small_gguf, tmp_path) -> None:
                                      "llama.rope.ntk.dynamic_ratio": 1.5, "llama.attention.logn_scaling": False}
     assert meta["dynamic_ratio"] == 1.5 and meta["description"] == f"ntk, {DYN_WORDS_15}, log-n off"
     assert "  llama.rope.ntk.dynamic_ratio  1.5\n" in run("show", out).stdout
+    run("set", out, "-m", "ntk", "--dynamic", "--dynamic-ratio", "1.1", "--in-place")  # 1.10000002 as float32
+    meta = json.loads(run("show", "--json", out).stdout)
+    assert meta["dynamic_ratio"] == 1.1 and meta["ggufrope_keys"]["llama.rope.ntk.dynamic_ratio"] == 1.1
 
     # --static writes the key false; with it an explicit k is fine
     r = run("set", out, "-m", "ntk", "-k", "2", "--static", "--in-place")
