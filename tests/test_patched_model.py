@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -138,3 +139,31 @@ def test_k_shift_uses_the_table(tmp_path, patched_lib, logn):
     got = np.array(llm.scores[len(body)], dtype=np.float64)
     llm.close()
     assert_close(got[None], want[None], f"K-shift ntk-mixed{' + logn' if logn else ''}", tol=1e-4)
+
+
+def test_k_shift_of_a_quantized_cache_with_head_size_32(tmp_path, patched_lib):
+    """Upstream's K-shift of a quantized K cache multiplied by the Hadamard rotation, which exists
+    only for head sizes that are multiples of 64: head size 32 with a Q8_0 cache crashed
+    (SIGSEGV building the K-shift graph; patches/0005). Same check as above, Q8_0 K cache, in a
+    subprocess so that a crash fails the test instead of the run."""
+    m = write_tiny_llama(tmp_path / "m.gguf", seed=12, n_layer=1, n_embd=128, n_head=4, n_head_kv=2)
+    toks = tokens_for(m, 200, seed=5)
+    code = f"""
+import json, sys, numpy as np, llama_cpp
+toks = {toks!r}
+prefix, body, nxt = toks[:120], toks[120:199], toks[199]
+def make():
+    return llama_cpp.Llama(model_path={str(m.path)!r}, n_ctx=256, logits_all=True, type_k=8, type_v=1, flash_attn=True,
+                           n_threads=2, verbose=False, kv_overrides={_kv("llama")!r})
+fresh = make(); fresh.eval(body + [nxt]); want = list(fresh.scores[len(body)]); fresh.close()
+llm = make(); llm.eval(prefix + body)
+assert llm._ctx.kv_cache_seq_rm(0, 0, 120)
+llm._ctx.kv_cache_seq_shift(0, 120, -1, -120)
+llm.n_tokens = len(body); llm.input_ids[: len(body)] = body
+llm.eval([nxt]); got = list(llm.scores[len(body)]); llm.close()
+print(json.dumps({{"want": [float(x) for x in want], "got": [float(x) for x in got]}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert_close(np.array([out["got"]]), np.array([out["want"]]), "K-shift, Q8_0 K cache, head size 32", tol=3e-2)
