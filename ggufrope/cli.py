@@ -169,8 +169,9 @@ def _dynamic_options(left_out: str) -> Any:
     type=float,
     default=None,
     metavar="K",
-    help="Extension factor k >= 1. Left out: auto, the library takes k = max(1, n_ctx_seq / L) when "
-    "the context is created (n_ctx_seq: n_ctx per sequence, rounded up to 256; L = the trained context).",
+    help="Extension factor k >= 1. Left out: auto, dynamic k unless --static (the library's default); with "
+    "--static the library takes k = max(1, n_ctx_seq / L) when the context is created (n_ctx_seq: n_ctx per "
+    "sequence, rounded up to 256; L = the trained context).",
 )
 @click.option(
     "--logn/--no-logn",
@@ -340,8 +341,9 @@ def _run_options(f: Any) -> Any:
                      help="Context size n_ctx in tokens."),
         click.option("-m", "--method", default=None, metavar="METHOD", help=_RUN_METHOD_HELP),
         click.option("-k", "--factor", type=float, default=None, metavar="K",
-                     help="Factor k >= 1 for --method. Left out: auto (the NTK family: llama.cpp takes "
-                     "max(1, n_ctx_seq / L) when the context is created; linear, yarn: max(1, n_ctx / L))."),
+                     help="Factor k >= 1 for --method. Left out: auto (the NTK family: dynamic k unless "
+                     "--static, with which llama.cpp takes max(1, n_ctx_seq / L) when the context is created; "
+                     "linear, yarn: max(1, n_ctx / L))."),
         click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
                      help="Exponent b of ntk-mixed, 0 < b <= 1.  [default: 0.625]"),
         click.option("--logn/--no-logn", default=None,

@@ -13,7 +13,7 @@ is loaded (it is part of the cache key) and is the same for stock and NTK-family
 windows of the evaluation are exactly n_ctx tokens, so k maps the window onto L. After each
 load the k in use is read back from the library (:func:`ggufrope.runtime.factor_in_use`)
 and must be the one passed. (``ggufrope generate`` instead leaves the NTK family's automatic
-k to the library, which resolves it from n_ctx_seq.)
+k to the library: dynamic k by default, or with ``--static`` one k resolved from n_ctx_seq.)
 
 **Dynamic k** (``--dynamic``, the NTK family only): the factor passed is
 :data:`~ggufrope.methods.AUTO_FACTOR` (0) with the dynamic override, and the library chooses k

@@ -1485,8 +1485,9 @@ def write_rope_metadata(
 
     ``method``: a name or alias from the method registry; only ``FILE_METHODS`` (``none``,
     ``ntk``, ``ntk-fixed``, ``ntk-mixed``) can be stored — ``linear``/``yarn`` are stock
-    llama.cpp's own. ``factor`` k >= 1 is written only when given (absent: the library
-    takes k = max(1, n_ctx_seq/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
+    llama.cpp's own. ``factor`` k >= 1 is written only when given (absent: dynamic k, the
+    library's default, unless ``dynamic`` is False, then the library takes
+    k = max(1, n_ctx_seq/L)); ``exponent`` b in (0, 1] only for ntk-mixed (default
     0.625); ``logn`` always; ``dynamic`` (``{arch}.rope.ntk.dynamic``, BOOL) only when given,
     True or False (None: the key is not written and the library's default applies, see
     :func:`ggufrope.methods.dynamic_effective`), and ``dynamic_ratio`` r > 1 only when given

@@ -9,7 +9,8 @@ an unpatched build still loads a file that carries them.
 key                                    type     meaning
 =====================================  =======  ==========================================
 ``{arch}.rope.ntk.method``             STRING   ``none``, ``ntk``, ``ntk-fixed``, ``ntk-mixed``
-``{arch}.rope.ntk.factor``             FLOAT32  factor k >= 1; absent or 0: auto,
+``{arch}.rope.ntk.factor``             FLOAT32  factor k >= 1; absent or 0: auto, dynamic
+                                                k unless ``.dynamic`` is false, then
                                                 k = max(1, n_ctx_seq / L) (the library)
 ``{arch}.rope.ntk.exponent``           FLOAT32  exponent b in (0, 1] of ``ntk-mixed``;
                                                 absent: 0.625
@@ -20,6 +21,7 @@ key                                    type     meaning
                                                 re-rotated; NTK family only, factor
                                                 absent or 0; absent: the library's
                                                 default, ``methods.DYNAMIC_DEFAULT``
+                                                (True: dynamic wherever it can run)
 ``{arch}.rope.ntk.dynamic_ratio``      FLOAT32  ratio r > 1 of the dynamic schedule;
                                                 absent: 2 (k = 1, 2, 4, 8, ...)
 ``{arch}.attention.logn_scaling``      BOOL     log-n query scaling beyond L

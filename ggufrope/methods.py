@@ -38,12 +38,14 @@ only: it is not a divisor table and has no table function.
 **Parameters.** ``none`` takes no parameter (a factor k with it is an error); ``linear``,
 ``yarn`` and the NTK family take k >= 1 (finite, also once rounded to float32, the type the
 library reads); only ``ntk-mixed`` takes b, 0 < b <= 1 (default 0.625; b = 1 is
-ntk-fixed). k left out means "auto": for the NTK family the patched library resolves
-k = max(1, n_ctx_seq / L) when the context is created (n_ctx_seq: the context of one
+ntk-fixed). k left out means "auto": for the NTK family, unless dynamic k applies (by
+default it does when ``{arch}.rope.ntk.dynamic`` is absent, see below), the patched library
+resolves k = max(1, n_ctx_seq / L) when the context is created (n_ctx_seq: the context of one
 sequence, n_ctx rounded up to a multiple of 256 and divided by n_seq_max), and Python never
-computes that value itself (``{arch}.rope.ntk.factor`` = 0 or absent asks for it); for the
-stock methods ``linear``/``yarn``, whose k is llama.cpp's own ``rope_freq_scale = 1/k``,
-Python chooses k = max(1, n_ctx / L) (:func:`auto_factor`).
+computes that value itself (``{arch}.rope.ntk.factor`` = 0 or absent asks for it, with
+``{arch}.rope.ntk.dynamic`` false); for the stock methods ``linear``/``yarn``, whose k is
+llama.cpp's own ``rope_freq_scale = 1/k``, Python chooses k = max(1, n_ctx / L)
+(:func:`auto_factor`).
 
 log-n attention scaling (seed 000, Table 2, the variant for models not trained with it):
 every query at position p is multiplied after RoPE by s(p) = max(1, ln(p+1) / ln L).
@@ -58,8 +60,10 @@ two); every cached key is re-rotated to the new table when k changes, so queries
 always share one table. Only the NTK family has it (:attr:`Method.supports_dynamic`), and it
 chooses k itself: a factor k with it is an error (the file's factor must be absent or 0).
 :data:`DYNAMIC_DEFAULT` says what the library does when ``{arch}.rope.ntk.dynamic`` is
-absent (:func:`dynamic_effective`); nothing else in ggufrope assumes it. Like log-n, it is a
-switch beside the method (log-n and dynamic combine).
+absent (:func:`dynamic_effective`): True, so an NTK-family method without a factor k (absent
+or 0) runs dynamic k unless the key is false; an explicit k >= 1 or method none stay static.
+Nothing else in ggufrope assumes it. Like log-n, it is a switch beside the method (log-n and
+dynamic combine).
 """
 
 from __future__ import annotations
@@ -75,12 +79,14 @@ if TYPE_CHECKING:
 
 DEFAULT_EXPONENT = 0.625  #: seed 000's empirical b for NTK-RoPE-mixed
 #: the value of ``{arch}.rope.ntk.factor`` (and of its kv override) that asks the library for
-#: the automatic k = max(1, n_ctx_seq / L)
+#: an automatic k: dynamic k (by default, or with ``{arch}.rope.ntk.dynamic`` true), or with the
+#: dynamic key false the static k = max(1, n_ctx_seq / L)
 AUTO_FACTOR = 0.0
-#: what the patched library does when ``{arch}.rope.ntk.dynamic`` is absent: False, static k
-#: (the file's, or the automatic one). The one place this default is written down: every other
+#: what the patched library does when ``{arch}.rope.ntk.dynamic`` is absent: True, dynamic k
+#: wherever it can run (an NTK-family method whose factor is absent or 0); an explicit factor
+#: k >= 1 or method none stay static. The one place this default is written down: every other
 #: part of ggufrope asks :func:`dynamic_effective`.
-DYNAMIC_DEFAULT = False
+DYNAMIC_DEFAULT = True
 #: the ratio r of the dynamic schedule when ``{arch}.rope.ntk.dynamic_ratio`` is absent
 #: (k = 1, 2, 4, 8, ... beyond L)
 DEFAULT_DYNAMIC_RATIO = 2.0

@@ -5,9 +5,11 @@ The method is applied without rewriting the file:
 - the NTK family (``ntk``, ``ntk-fixed``, ``ntk-mixed``) and log-n go through llama.cpp's kv
   overrides (``Llama(kv_overrides=...)``) of the keys in :mod:`ggufrope.keys`, read by the
   patched library when the model loads. A factor k left out is passed as
-  :data:`ggufrope.methods.AUTO_FACTOR` (0): the library resolves k = max(1, n_ctx_seq / L) when
-  the context is created, and :func:`load` reads the k in use back from the context
-  (``llama_ggufrope_factor``); Python never computes it;
+  :data:`ggufrope.methods.AUTO_FACTOR` (0): with ``dynamic=False`` the library resolves
+  k = max(1, n_ctx_seq / L) when the context is created, and :func:`load` reads the k in use
+  back from the context (``llama_ggufrope_factor``); Python never computes it. Without
+  ``dynamic`` an NTK-family method without k runs dynamic k, the library's default
+  (:data:`ggufrope.methods.DYNAMIC_DEFAULT`, :func:`ggufrope.methods.dynamic_effective`);
 - ``linear`` (PI) and ``yarn`` are stock llama.cpp's own context parameters
   (``rope_scaling_type``, ``rope_freq_scale = 1/k``, ``yarn_orig_ctx``); Python chooses their
   k (max(1, n_ctx / L) when left out) and they combine with log-n;
@@ -227,8 +229,8 @@ def library_freq_factors(method: str, n_dims: int, factor: float, exponent: floa
 class RopeChoice:
     """A method chosen at load time, validated by the registry
     (:func:`ggufrope.methods.validate`): ``method`` any method or alias (stored canonical);
-    ``factor`` k, None for auto (the NTK family: the library resolves it; linear/yarn:
-    max(1, n_ctx / L)); ``exponent`` b, ntk-mixed only (None there means 0.625, elsewhere
+    ``factor`` k, None for auto (the NTK family: dynamic k unless ``dynamic`` is False, then
+    the library resolves one k; linear/yarn: max(1, n_ctx / L)); ``exponent`` b, ntk-mixed only (None there means 0.625, elsewhere
     b must be left out); ``logn``; ``dynamic`` True (dynamic k: NTK family, no factor), False
     (static) or None (not chosen: the library's default, :func:`ggufrope.methods.dynamic_effective`)
     and ``dynamic_ratio`` r (with dynamic only; None: 2). Raises :class:`GGUFRopeError` for an

@@ -4,8 +4,9 @@ dynamic k, what a context reports.
 
 Expected values are written by hand from the contract:
 
-- ``{arch}.rope.ntk.dynamic`` (BOOL): true runs dynamic k; false or absent static (the library's
-  default when absent is ``methods.DYNAMIC_DEFAULT``, False today);
+- ``{arch}.rope.ntk.dynamic`` (BOOL): true runs dynamic k; false static; absent, the library's
+  default (``methods.DYNAMIC_DEFAULT``, True): dynamic for an NTK-family method (ntk, ntk-fixed,
+  ntk-mixed) whose factor is absent or 0, static for an explicit factor k >= 1 or method none;
 - ``{arch}.rope.ntk.dynamic_ratio`` (FLOAT32, r > 1, absent 2): k = 1 while n <= L, then the
   smallest r^e with r^e * L >= n, n = 1 + the largest cached position. For L = 64, r = 2:
   n = 64 -> 1, 65 -> 2, 128 -> 2, 129 -> 4, 200 -> 4; r = 1.5: n = 96 -> 1.5, n = 97 -> 2.25;
@@ -73,9 +74,9 @@ def test_keys_table() -> None:
 
 
 def test_the_default_is_written_in_one_place() -> None:
-    """DYNAMIC_DEFAULT is False (static when the key is absent), and no other module of the
-    package assigns it or spells a default of its own."""
-    assert M.DYNAMIC_DEFAULT is False
+    """DYNAMIC_DEFAULT is True (dynamic where it can run when the key is absent), and no other
+    module of the package assigns it or spells a default of its own."""
+    assert M.DYNAMIC_DEFAULT is True
     assert M.DEFAULT_DYNAMIC_RATIO == 2.0
     hits = []
     for p in sorted((ROOT / "ggufrope").glob("*.py")):
@@ -90,9 +91,10 @@ def test_the_default_is_written_in_one_place() -> None:
 
 
 def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monkeypatch) -> None:
-    """With DYNAMIC_DEFAULT True (a later decision), a file without the key runs dynamic k where
-    it can (NTK family, automatic k) and static where it cannot (explicit k, method none); show,
-    the registry and the load-time choice all follow the one constant."""
+    """With DYNAMIC_DEFAULT True (the default), a file without the key runs dynamic k where it
+    can (NTK family, automatic k) and static where it cannot (explicit k, method none); flipped
+    to False, the same file is static. show, the registry and the load-time choice all follow
+    the one constant."""
     auto = tmp_path / "auto.gguf"
     G.write_rope_metadata(small_gguf, auto, method="ntk-mixed")
     explicit = tmp_path / "k2.gguf"
@@ -102,8 +104,6 @@ def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monke
     static = tmp_path / "static.gguf"
     G.write_rope_metadata(small_gguf, static, method="ntk-mixed", dynamic=False)
 
-    assert G.read_rope_metadata(auto)["dynamic"] is False
-    monkeypatch.setattr(M, "DYNAMIC_DEFAULT", True)
     meta = G.read_rope_metadata(auto)
     assert meta["dynamic"] is True and meta["dynamic_ratio"] == 2.0
     assert meta["description"] == f"ntk-mixed, b = 0.625, {DYN_WORDS}, log-n off"
@@ -117,6 +117,17 @@ def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monke
     assert kv["llama.rope.ntk.dynamic"] is True and kv["llama.rope.ntk.factor"] == 0.0
     # the evaluation always passes an explicit choice: static unless --dynamic
     assert E.Setting("ntk-mixed").dynamic is False and E.Setting("ntk-mixed").resolved_factor(16384, 8192) == 2.0
+
+    monkeypatch.setattr(M, "DYNAMIC_DEFAULT", False)
+    meta = G.read_rope_metadata(auto)
+    assert meta["dynamic"] is False and meta["dynamic_ratio"] is None
+    assert meta["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n off"
+    assert G.read_rope_metadata(explicit)["dynamic"] is False
+    assert G.read_rope_metadata(static)["dynamic"] is False
+    assert R.RopeChoice("ntk-mixed").runs_dynamic is False
+    assert R.RopeChoice("ntk-mixed", dynamic=True).runs_dynamic is True  # an explicit true stays true
+    kv = R.llama_kwargs(R.RopeChoice("ntk"), "llama", 16384, 8192)["kv_overrides"]
+    assert kv["llama.rope.ntk.dynamic"] is False and kv["llama.rope.ntk.factor"] == 0.0
 
 
 
@@ -167,13 +178,19 @@ def test_set_show_reset_round_trip(small_gguf, tmp_path) -> None:
         "llama.rope.ntk.method": "ntk", "llama.rope.ntk.factor": 2.0, "llama.rope.ntk.dynamic": False,
         "llama.attention.logn_scaling": False}
 
-    # neither: the key is not written (a dynamic key of an earlier set is removed)
+    # neither: the key is not written (a dynamic key of an earlier set is removed), and the
+    # library's default for ntk without k is dynamic k
     run("set", out, "-m", "ntk", "--dynamic", "--in-place")
     r = run("set", out, "-m", "ntk", "--in-place")
+    assert r.exit_code == 0 and r.stdout.startswith(f"updated {out} in place: ntk, {DYN_WORDS}, log-n off\n")
+    assert json.loads(run("show", "--json", out).stdout)["ggufrope_keys"] == {
+        "llama.rope.ntk.method": "ntk", "llama.attention.logn_scaling": False}
+    # --static without k: the key written false, the static automatic k
+    r = run("set", out, "-m", "ntk", "--static", "--in-place")
     assert r.exit_code == 0 and r.stdout.startswith(f"updated {out} in place: ntk, k = auto (max(1, n_ctx_seq/8192)), "
                                                     "log-n off\n")
     assert json.loads(run("show", "--json", out).stdout)["ggufrope_keys"] == {
-        "llama.rope.ntk.method": "ntk", "llama.attention.logn_scaling": False}
+        "llama.rope.ntk.method": "ntk", "llama.rope.ntk.dynamic": False, "llama.attention.logn_scaling": False}
 
     # reset removes both keys and gives back the original bytes
     run("set", out, "-m", "mixed", "--dynamic", "--dynamic-ratio", "3", "--in-place")
@@ -184,11 +201,55 @@ def test_set_show_reset_round_trip(small_gguf, tmp_path) -> None:
     assert sha(out) == original
 
 
+def test_set_without_factor_or_dynamic_is_dynamic_by_default(small_gguf, tmp_path) -> None:
+    """The library's default (the key absent): ``set --method mixed`` (no --factor, no
+    --dynamic) writes no dynamic key and show says dynamic k; ``--factor 2`` is static k = 2;
+    ``--static`` writes the key false and is the static automatic k (L = 8192 here)."""
+    out = tmp_path / "mixed.gguf"
+    r = run("set", small_gguf, "--method", "mixed", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"wrote {out}: ntk-mixed, b = 0.625, {DYN_WORDS}, log-n off\n")
+    assert fields(out) == {
+        "llama.rope.ntk.method": (gguf.GGUFValueType.STRING, "ntk-mixed"),
+        "llama.rope.ntk.exponent": (gguf.GGUFValueType.FLOAT32, 0.625),
+        "llama.attention.logn_scaling": (gguf.GGUFValueType.BOOL, False),
+    }
+    text = run("show", out).stdout
+    assert "llama.rope.ntk.dynamic" not in text
+    assert text.rstrip().endswith(f"method:        ntk-mixed, b = 0.625, {DYN_WORDS}, log-n off")
+    meta = json.loads(run("show", "--json", out).stdout)
+    assert (meta["dynamic"], meta["dynamic_ratio"], meta["factor"]) == (True, 2.0, None)
+
+    k2 = tmp_path / "k2.gguf"
+    r = run("set", small_gguf, "--method", "mixed", "--factor", "2", "-o", k2)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"wrote {k2}: ntk-mixed, b = 0.625, k = 2.0, log-n off\n")
+    assert "llama.rope.ntk.dynamic" not in run("show", k2).stdout
+    meta = json.loads(run("show", "--json", k2).stdout)
+    assert (meta["dynamic"], meta["dynamic_ratio"], meta["factor"]) == (False, None, 2.0)
+
+    st = tmp_path / "static.gguf"
+    r = run("set", small_gguf, "--method", "mixed", "--static", "-o", st)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"wrote {st}: ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n off\n")
+    text = run("show", st).stdout
+    assert "  llama.rope.ntk.dynamic        false\n" in text
+    assert text.rstrip().endswith("method:        ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n off")
+    meta = json.loads(run("show", "--json", st).stdout)
+    assert (meta["dynamic"], meta["dynamic_ratio"], meta["factor"]) == (False, None, None)
+
+    # method none (log-n alone) has no dynamic k: static, no key
+    nl = tmp_path / "none.gguf"
+    assert run("set", small_gguf, "--method", "none", "--logn", "-o", nl).exit_code == 0
+    meta = json.loads(run("show", "--json", nl).stdout)
+    assert meta["dynamic"] is False and meta["description"] == "none, log-n on"
+
+
 def test_set_help_names_the_options() -> None:
     r = run("set", "--help")
     assert r.exit_code == 0
     text = " ".join(r.output.split())  # click wraps the help
-    for opt in ("--dynamic / --static", "--dynamic-ratio R", "(The library's default: static.)"):
+    for opt in ("--dynamic / --static", "--dynamic-ratio R", "(The library's default: dynamic.)"):
         assert opt in text
     for cmd in ("generate", "chat"):
         out = run(cmd, "--help").output
@@ -545,11 +606,81 @@ def test_dynamic_context_reports_k_as_the_cache_fills(dyn_lib, tmp_path) -> None
 
 def test_static_contexts_say_static(dyn_lib, tmp_path) -> None:
     m = _tiny(tmp_path, "t.gguf")
-    for kw in ({}, {"method": "ntk", "factor": 2.0}, {"method": "mixed"}, {"method": "none", "logn": True},
-               {"method": "yarn"}):
+    for kw in ({}, {"method": "ntk", "factor": 2.0}, {"method": "mixed", "dynamic": False},
+               {"method": "none", "logn": True}, {"method": "yarn"}):
         llm = _load(m.path, **kw)
         assert R.dynamic_in_use(llm) is False and llm.ggufrope.dynamic is False, kw
         del llm
+    llm = _load(m.path, method="mixed", dynamic=False)  # static automatic k: 256 / 64
+    assert llm.ggufrope.factor == 4.0 and llm.ggufrope.auto
+    del llm
+
+
+def test_a_method_without_k_chosen_at_load_time_is_dynamic_by_default(dyn_lib, tmp_path) -> None:
+    """runtime.load(method=...) of the NTK family without a factor and without dynamic=: the
+    library's default, dynamic k (L = 64: k = 1 after creation and at n = 64, 2 at n = 65)."""
+    m = _tiny(tmp_path, "t.gguf")
+    for method in ("ntk", "ntk-fixed", "mixed"):
+        llm = _load(m.path, method=method)
+        info = llm.ggufrope
+        assert R.dynamic_in_use(llm) is True and info.dynamic is True and info.dynamic_ratio == 2.0, method
+        assert info.factor == 1.0 and not info.auto and R.factor_in_use(llm) == 1.0
+        assert info.source == "chosen at load time"
+        llm.eval(_toks(64))
+        assert R.factor_in_use(llm) == 1.0
+        llm.eval(_toks(1))
+        assert R.factor_in_use(llm) == 2.0
+        del llm
+
+
+def test_a_set_file_without_k_loads_dynamic_by_default(dyn_lib, tmp_path) -> None:
+    """``set --method mixed`` (no --factor, no --dynamic) on the tiny model (L = 64), loaded by
+    runtime.load with nothing chosen: dynamic k, k = 1, then 2 beyond 64 positions;
+    ``--factor 2``: static k = 2; ``--static``: static automatic k = 256 / 64 = 4."""
+    m = _tiny(tmp_path, "t.gguf")
+    lib = R.library_version()
+    out = tmp_path / "mixed.gguf"
+    assert run("set", m.path, "--method", "mixed", "-o", out).exit_code == 0
+    llm = _load(out)
+    info = llm.ggufrope
+    assert info.dynamic is True and info.dynamic_ratio == 2.0 and info.source == "from the file"
+    assert R.dynamic_in_use(llm) is True and R.factor_in_use(llm) == 1.0 and info.factor == 1.0
+    assert R.describe(llm) == (f"rope: ntk-mixed, b = 0.625, {DYN_WORDS} (k now 1, L 64), log-n off "
+                               f"(from the file); llama.cpp patched {lib}")
+    llm.eval(_toks(65))
+    assert R.factor_in_use(llm) == 2.0
+    del llm
+
+    k2 = tmp_path / "k2.gguf"
+    assert run("set", m.path, "--method", "mixed", "--factor", "2", "-o", k2).exit_code == 0
+    llm = _load(k2)
+    assert R.dynamic_in_use(llm) is False and llm.ggufrope.dynamic is False
+    assert llm.ggufrope.factor == 2.0 and not llm.ggufrope.auto
+    del llm
+
+    st = tmp_path / "static.gguf"
+    assert run("set", m.path, "--method", "mixed", "--static", "-o", st).exit_code == 0
+    llm = _load(st)
+    assert R.dynamic_in_use(llm) is False and llm.ggufrope.dynamic is False
+    assert llm.ggufrope.factor == 4.0 and llm.ggufrope.auto
+    assert R.describe(llm) == ("rope: ntk-mixed, b = 0.625, k = 4 (auto, resolved by llama.cpp at "
+                               f"n_ctx_seq 256, L 64), log-n off (from the file); llama.cpp patched {lib}")
+    del llm
+
+
+def test_an_older_library_is_refused_for_a_file_dynamic_by_default(small_gguf, tmp_path, monkeypatch) -> None:
+    """A file with an NTK-family method and no k runs dynamic k by default: a library without
+    dynamic k (which would run the static automatic k) is refused for it; with --static or an
+    explicit k it is not asked for dynamic k."""
+    import llama_cpp
+
+    monkeypatch.setattr(R, "has_dynamic", lambda: False)
+    monkeypatch.setattr(llama_cpp, "Llama", lambda **kw: pytest.fail("must not load"))
+    d = tmp_path / "d.gguf"
+    G.write_rope_metadata(small_gguf, d, method="ntk")
+    for path, kw in ((d, {}), (d, {"logn": True}), (small_gguf, {"method": "ntk"})):
+        with pytest.raises(GGUFRopeError, match="needs dynamic k, which the loaded llama.cpp lacks"):
+            R.load(path, **kw)
 
 
 def test_a_dynamic_file_with_ratio(dyn_lib, tmp_path) -> None:
@@ -596,6 +727,28 @@ def test_generate_prints_the_k_reached(dyn_lib, tmp_path) -> None:
         (f"[ggufrope] after generation: rope: ntk, {DYN_WORDS} (k now 2, L 64), log-n off (chosen at load time); "
          f"llama.cpp patched {lib}"),
     ]
+
+
+def test_generate_without_k_or_dynamic_runs_dynamic_by_default(dyn_lib, tmp_path) -> None:
+    """``generate -m ntk`` with neither --factor nor --dynamic: the library's default, dynamic k
+    (the same 100-token prompt: k = 1 when loaded, 2 after); with --static, k = 256 / 64 = 4."""
+    m = _tiny(tmp_path, "t.gguf")
+    prompt = "".join(f"t{4 + i % 6}" for i in range(100))
+    lib = R.library_version()
+    base = ["generate", str(m.path), "-p", prompt, "-n", "1", "-c", "256", "-t", "2", "-m", "ntk"]
+    r = CliRunner().invoke(main, base, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.startswith(("[ggufrope] rope:", "[ggufrope] after generation:"))]
+    assert lines == [
+        f"[ggufrope] rope: ntk, {DYN_WORDS} (k now 1, L 64), log-n off (chosen at load time); llama.cpp patched {lib}",
+        (f"[ggufrope] after generation: rope: ntk, {DYN_WORDS} (k now 2, L 64), log-n off (chosen at load time); "
+         f"llama.cpp patched {lib}"),
+    ]
+    r = CliRunner().invoke(main, [*base, "--static"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = [x for x in r.stderr.splitlines() if x.startswith("[ggufrope] rope:")]
+    assert lines == [f"[ggufrope] rope: ntk, k = 4 (auto, resolved by llama.cpp at n_ctx_seq 256, L 64), log-n off "
+                     f"(chosen at load time); llama.cpp patched {lib}"]
 
 
 def test_library_refuses_what_python_refuses(dyn_lib, tmp_path) -> None:

@@ -248,7 +248,12 @@ def test_validate_dynamic_refuses(args, kw, msg) -> None:
         (("ntk", 0.0, None, True, 3.0), ("ntk", None, True, 3.0)),  # factor 0: auto, allowed
         (("ntk", 2.0, None, False, None), ("ntk", 2.0, False, None)),
         (("ntk", 2.0, None, False, 1.5), ("ntk", 2.0, False, 1.5)),  # a ratio beside static k: checked, no effect
-        (("ntk", None, None, None, None), ("ntk", None, False, None)),  # absent: DYNAMIC_DEFAULT (False)
+        (("ntk", None, None, None, None), ("ntk", None, True, 2.0)),  # absent: DYNAMIC_DEFAULT (True), NTK, no k
+        (("ntk-fixed", 0.0, None, None, None), ("ntk-fixed", None, True, 2.0)),  # absent, factor 0 (auto): dynamic
+        (("ntk-mixed", None, None, None, 1.5), ("ntk-mixed", None, True, 1.5)),  # absent, the file's ratio
+        (("ntk", 2.0, None, None, None), ("ntk", 2.0, False, None)),  # absent, an explicit k: static
+        (("ntk", None, None, False, None), ("ntk", None, False, None)),  # false: static auto k
+        (("none", None, None, None, None), ("none", None, False, None)),  # absent, method none: static
         (("none", None, None, False, None), ("none", None, False, None)),
     ],
 )
@@ -275,20 +280,32 @@ def test_validate_stored_dynamic_refuses(stored, msg) -> None:
 
 
 def test_dynamic_effective_and_its_default(monkeypatch) -> None:
-    assert M.DYNAMIC_DEFAULT is False
-    assert M.dynamic_effective("ntk", None, None) is False
-    assert M.dynamic_effective("ntk", None, True) is True
-    assert M.dynamic_effective("ntk", 2.0, False) is False
-    monkeypatch.setattr(M, "DYNAMIC_DEFAULT", True)
+    """The default is dynamic (the key absent): an NTK-family method with no k (None or 0) runs
+    dynamic k; an explicit k, method none or a stock method stay static; explicit true/false win."""
+    assert M.DYNAMIC_DEFAULT is True
     assert M.dynamic_effective("ntk", None, None) is True
+    assert M.dynamic_effective("ntk-fixed", None, None) is True
     assert M.dynamic_effective("ntk-mixed", M.AUTO_FACTOR, None) is True
     assert M.dynamic_effective("ntk", 2.0, None) is False  # an explicit k stays static
+    assert M.dynamic_effective("ntk-mixed", 1.0, None) is False  # k = 1 is explicit too
     assert M.dynamic_effective("none", None, None) is False
     assert M.dynamic_effective("linear", None, None) is False
-    assert M.dynamic_effective("ntk", None, False) is False
+    assert M.dynamic_effective("yarn", None, None) is False
+    assert M.dynamic_effective("ntk", None, False) is False  # explicit false: static auto k
+    assert M.dynamic_effective("ntk", None, True) is True
+    assert M.dynamic_effective("ntk", 2.0, False) is False
     assert M.validate_stored("ntk", None, None).dynamic is True
     assert M.validate_stored("ntk", None, None).dynamic_ratio == 2.0
     assert M.validate_stored("ntk", 2.0, None).dynamic is False
+    assert M.validate_stored("ntk", None, None, False).dynamic is False
+    # the registry follows the one constant: flipped back to False, absent means static
+    monkeypatch.setattr(M, "DYNAMIC_DEFAULT", False)
+    assert M.dynamic_effective("ntk", None, None) is False
+    assert M.dynamic_effective("ntk-mixed", M.AUTO_FACTOR, None) is False
+    assert M.dynamic_effective("ntk", None, True) is True
+    assert M.dynamic_effective("ntk", 2.0, False) is False
+    assert M.validate_stored("ntk", None, None).dynamic is False
+    assert M.validate_stored("ntk", None, None).dynamic_ratio is None
 
 
 # --------------------------------------------------------------------------- everything else calls it
