@@ -30,8 +30,31 @@ def test_memory_fit_probe_reads_no_weights(tmp_path, patched_lib):
     test_reference_forward.py."""
     rf = np.linspace(1.0, 4.0, 8).astype(np.float32)
     m = write_tiny_llama(tmp_path / "rf.gguf", seed=3, rope_freqs=rf,
+                         extra_kv={"{arch}.rope.ntk.method": "ntk-mixed", "{arch}.attention.logn_scaling": True,
+                                   "{arch}.rope.ntk.dynamic": False})
+    r = _probe(m)
+    assert r.returncode == 0, f"the no_alloc probe crashed (rc {r.returncode}): {r.stderr[-2000:]}"
+    assert "CTX True" in r.stdout, r.stderr[-2000:]
+    assert "FACTOR 4.0" in r.stdout, r.stdout  # static auto k, n_ctx 256 / L 64: the table is still built
+    assert "DYNAMIC False" in r.stdout, r.stdout
+
+
+def test_memory_fit_probe_with_dynamic_k(tmp_path, patched_lib):
+    """The same file without the dynamic key (the library's default: dynamic k): the no_alloc
+    probe creates the context too, dynamic, with k = 1."""
+    rf = np.linspace(1.0, 4.0, 8).astype(np.float32)
+    m = write_tiny_llama(tmp_path / "rf.gguf", seed=3, rope_freqs=rf,
                          extra_kv={"{arch}.rope.ntk.method": "ntk-mixed", "{arch}.attention.logn_scaling": True})
-    r = _run(f"""
+    r = _probe(m)
+    assert r.returncode == 0, f"the no_alloc probe crashed (rc {r.returncode}): {r.stderr[-2000:]}"
+    assert "CTX True" in r.stdout, r.stderr[-2000:]
+    assert "FACTOR 1.0" in r.stdout and "DYNAMIC True" in r.stdout, r.stdout
+
+
+def _probe(m) -> subprocess.CompletedProcess:
+    """A no_alloc load of ``m`` and a context at n_ctx 256, as common_fit_params does; prints
+    whether the context was created, its k and whether it runs dynamic k."""
+    return _run(f"""
         import ctypes
         import llama_cpp as lc
         mp = lc.llama_model_default_params()
@@ -47,10 +70,10 @@ def test_memory_fit_probe_reads_no_weights(tmp_path, patched_lib):
             f = lc.llama_cpp._lib.llama_ggufrope_factor
             f.argtypes, f.restype = [ctypes.c_void_p], ctypes.c_float
             print("FACTOR", f(ctx))
+            d = lc.llama_cpp._lib.llama_ggufrope_dynamic
+            d.argtypes, d.restype = [ctypes.c_void_p], ctypes.c_bool
+            print("DYNAMIC", d(ctx))
     """)
-    assert r.returncode == 0, f"the no_alloc probe crashed (rc {r.returncode}): {r.stderr[-2000:]}"
-    assert "CTX True" in r.stdout, r.stderr[-2000:]
-    assert "FACTOR 4.0" in r.stdout, r.stdout  # n_ctx 256 / L 64: the table is still built
 
 
 def test_served_architectures_are_one_list(patched_lib):

@@ -347,12 +347,17 @@ def test_llama_cpp_chunked_decode(models, arch):
 # ----------------------------------------------------------------------------- 3. patched library
 
 
-def _overrides(arch: str, method: str, k: float | None, b: float | None, logn: bool) -> dict:
+def _overrides(arch: str, method: str, k: float | None, b: float | None, logn: bool,
+               dynamic: bool | None = None) -> dict:
+    """kv overrides of the ggufrope keys; ``dynamic`` None leaves ``{arch}.rope.ntk.dynamic``
+    out (the library's default: dynamic k for an NTK-family method without k)."""
     kv: dict = {f"{arch}.rope.ntk.method": method, f"{arch}.attention.logn_scaling": bool(logn)}
     if k is not None:
         kv[f"{arch}.rope.ntk.factor"] = float(k)
     if b is not None:
         kv[f"{arch}.rope.ntk.exponent"] = float(b)
+    if dynamic is not None:
+        kv[f"{arch}.rope.ntk.dynamic"] = bool(dynamic)
     return kv
 
 
@@ -383,13 +388,42 @@ def test_patched_method_from_file(tmp_path, arch, logn):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_patched_auto_factor(models, arch):
-    """No factor key: k = max(1, n_ctx / L) = 256 / 64 = 4; no exponent key: b = 0.625."""
+    """No factor key, dynamic false: k = max(1, n_ctx / L) = 256 / 64 = 4; no exponent key: b = 0.625."""
     require_patched()
     m = models[arch]
     toks = tokens_for(m)
-    got = run_llama_cpp(m, toks, kv_overrides=_overrides(arch, "ntk-mixed", None, None, False))
+    got = run_llama_cpp(m, toks, kv_overrides=_overrides(arch, "ntk-mixed", None, None, False, dynamic=False))
     ref = forward(m, toks, method="ntk-mixed", k=N_CTX / L, b=0.625)
     assert_close(got, ref, f"{arch} ntk-mixed auto factor")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_patched_no_factor_no_dynamic_key_is_dynamic(models, arch):
+    """The same overrides without ``{arch}.rope.ntk.dynamic``: the library's default for an
+    NTK-family method without k is dynamic k. k = 1 right after creation; positions 0 .. 63
+    (< L = 64) give plain RoPE's logits; k = 2 once position 64 is in the cache (n = 65)."""
+    require_patched()
+    llama_cpp = _llama_cpp()
+    from ggufrope import runtime
+
+    if not runtime.has_dynamic():
+        pytest.skip("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+    m = models[arch]
+    toks = tokens_for(m, L + 1)
+    llm = llama_cpp.Llama(model_path=str(m.path), n_ctx=N_CTX, n_batch=L, n_ubatch=L, logits_all=True, type_k=0,
+                          type_v=0, flash_attn=False, n_threads=2, n_threads_batch=2,
+                          n_gpu_layers=int(os.environ.get("GGUFROPE_TEST_NGL", "0")), verbose=False,
+                          kv_overrides=_overrides(arch, "ntk-mixed", None, None, False))
+    try:
+        assert runtime.dynamic_in_use(llm) is True
+        assert runtime.factor_in_use(llm) == 1.0
+        llm.eval(toks[:L])
+        assert runtime.factor_in_use(llm) == 1.0
+        assert_close(np.array(llm.scores[:L], dtype=np.float64), forward(m, toks[:L]), f"{arch} dynamic below L = plain")
+        llm.eval(toks[L:])
+        assert runtime.factor_in_use(llm) == 2.0
+    finally:
+        llm.close()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

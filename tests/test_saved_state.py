@@ -11,7 +11,9 @@ names both configurations; restoring into the same configuration works and gives
 token's logits of the context that saved it.
 
 Tiny llama, L = 64; llama.cpp pads n_ctx to a multiple of 256, so the contexts here are 512
-(auto k = 8) and 256 (auto k = 4).
+(auto k = 8) and 256 (auto k = 4). The static automatic k needs ``{arch}.rope.ntk.dynamic``
+false (``mixed()`` sets it): without the key the library runs dynamic k, whose k follows the
+cached positions rather than n_ctx (the last tests here).
 """
 
 from __future__ import annotations
@@ -48,9 +50,11 @@ def make(m, n_ctx: int, kv: dict | None, verbose: bool = False):
     return llm
 
 
-def mixed(arch: str, *, b: float | None = None, logn: bool = False, k: float | None = None) -> dict:
-    """ntk-mixed by kv overrides; no factor: the automatic k."""
-    return _overrides(arch, "ntk-mixed", k, b, logn)
+def mixed(arch: str, *, b: float | None = None, logn: bool = False, k: float | None = None,
+          dynamic: bool | None = False) -> dict:
+    """ntk-mixed by kv overrides; no factor: the static automatic k (dynamic false; ``dynamic``
+    None leaves the key out, the library's default: dynamic k)."""
+    return _overrides(arch, "ntk-mixed", k, b, logn, dynamic=dynamic)
 
 
 def saved(m, n_ctx: int, kv: dict, toks: list[int]):
@@ -227,3 +231,57 @@ def test_cache_refused_in_completion(models, cache, capfd):
         check_refusal_message(capfd.readouterr().err, [r"k\s*=\s*8(\.0+)?\b"], [r"k\s*=\s*4(\.0+)?\b"])
     finally:
         b.close()
+
+
+# ----------------------------------------------------------------------------- without the dynamic key: dynamic k
+
+
+def test_no_dynamic_key_runs_dynamic_k(models):
+    """``mixed()`` without ``{arch}.rope.ntk.dynamic``: dynamic k (the library's default), k = 1
+    right after creation and at n = 64, 2 at n = 65, whatever n_ctx."""
+    from ggufrope import runtime
+
+    m = models["llama"]
+    toks = tokens_for(m, L + 1, seed=13)
+    for n_ctx in (256, 512):
+        llm = make(m, n_ctx, mixed("llama", dynamic=None))
+        try:
+            assert runtime.dynamic_in_use(llm) is True and runtime.factor_in_use(llm) == 1.0
+            llm.eval(toks[:L])
+            assert runtime.factor_in_use(llm) == 1.0
+            llm.eval(toks[L:])
+            assert runtime.factor_in_use(llm) == 2.0
+        finally:
+            llm.close()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_dynamic_state_restores_across_n_ctx(models, arch):
+    """Dynamic k depends on the cached positions, not on n_ctx: a state of 150 positions saved at
+    n_ctx 512 (k = 4: 128 < 150 <= 256) is restored into a context at n_ctx 256 (k = 4 for the
+    same 150 positions), and the next token's logits are those of the saving context. (The
+    static automatic k refuses this: test_state_refused_into_other_configuration, auto-k.)"""
+    from ggufrope import runtime
+
+    m = models[arch]
+    toks = tokens_for(m, N_PREFIX + 1, seed=14)
+    kv = mixed(arch, dynamic=None)
+    src = make(m, 512, kv)
+    try:
+        src.eval(toks[:-1])
+        assert runtime.factor_in_use(src) == 4.0
+        state = src.save_state()
+        src.eval(toks[-1:])
+        want = np.array(src.scores[N_PREFIX], dtype=np.float64)
+    finally:
+        src.close()
+    llm = make(m, 256, kv)
+    try:
+        assert runtime.factor_in_use(llm) == 1.0
+        llm.load_state(state)
+        assert runtime.factor_in_use(llm) == 4.0
+        llm.eval(toks[-1:])
+        got = np.array(llm.scores[N_PREFIX], dtype=np.float64)
+    finally:
+        llm.close()
+    assert_close(got[None], want[None], f"{arch} dynamic state, n_ctx 512 -> 256", tol=1e-6)

@@ -96,15 +96,42 @@ def test_ntk_method_replaces_stock_scaling(tmp_path, arch, kind, logn):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_ntk_method_replaces_stock_scaling_auto_k(tmp_path, arch):
-    """No factor key: k = n_ctx / original_context_length = 256 / 64 = 4 (L is the original
-    context, not the file's extended context_length, which would give k = 1)."""
+    """No factor key, dynamic false: k = n_ctx / original_context_length = 256 / 64 = 4 (L is the
+    original context, not the file's extended context_length, which would give k = 1)."""
     require_patched()
     m = write(tmp_path, arch, "yarn")
     toks = tokens_for(m)
-    got = run_llama_cpp(m, toks, n_ctx=N_CTX, kv_overrides=_overrides(arch, "ntk-mixed", None, None, True))
+    got = run_llama_cpp(m, toks, n_ctx=N_CTX, kv_overrides=_overrides(arch, "ntk-mixed", None, None, True, dynamic=False))
     want = forward(m, toks, method="ntk-mixed", k=N_CTX / L, b=B, logn_ctx=L)
     assert rel_err(want, forward(m, toks, logn_ctx=L)).max() > 10 * TOL  # k = 1 would be plain RoPE
     assert_close(got, want, f"{arch} yarn in file + ntk-mixed auto k + logn")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_ntk_method_replaces_stock_scaling_dynamic_by_default(tmp_path, arch):
+    """The same overrides without the dynamic key: dynamic k (the library's default), with L the
+    original context 64 (not context_length 256): k = 1 right after creation and at n = 64, k = 2
+    at n = 65 (with L = 256 it would still be 1)."""
+    require_patched()
+    import llama_cpp
+
+    from ggufrope import runtime
+
+    if not runtime.has_dynamic():
+        pytest.skip("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+    m = write(tmp_path, arch, "yarn")
+    toks = tokens_for(m, L + 1)
+    llm = llama_cpp.Llama(model_path=str(m.path), n_ctx=N_CTX, n_batch=L, n_ubatch=L, type_k=0, type_v=0,
+                          flash_attn=False, n_threads=2, n_threads_batch=2, verbose=False,
+                          kv_overrides=_overrides(arch, "ntk-mixed", None, None, True))
+    try:
+        assert runtime.dynamic_in_use(llm) is True and runtime.factor_in_use(llm) == 1.0
+        llm.eval(toks[:L])
+        assert runtime.factor_in_use(llm) == 1.0
+        llm.eval(toks[L:])
+        assert runtime.factor_in_use(llm) == 2.0
+    finally:
+        llm.close()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
