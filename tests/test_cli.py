@@ -45,8 +45,10 @@ def test_help_texts() -> None:
 
 
 def test_set_show_reset_round_trip(small_gguf: Path, tmp_path: Path) -> None:
+    """--static: the static automatic k (without it, the library's default is dynamic k:
+    test_dynamic_cli.py)."""
     out = tmp_path / "long.gguf"
-    r = run("set", small_gguf, "--method", "mixed", "--b", "0.625", "--logn", "-o", out)
+    r = run("set", small_gguf, "--method", "mixed", "--b", "0.625", "--logn", "--static", "-o", out)
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith(f"wrote {out}: ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on")
 
@@ -61,6 +63,7 @@ def test_set_show_reset_round_trip(small_gguf: Path, tmp_path: Path) -> None:
     assert "llama.rope.ntk.method         'ntk-mixed'" in text
     assert "llama.rope.ntk.exponent       0.625" in text
     assert "llama.attention.logn_scaling  true" in text
+    assert "llama.rope.ntk.dynamic        false" in text
     assert text.rstrip().endswith("method:        ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on")
 
     r = run("set", out, "-m", "ntk", "-k", "2.7", "--no-logn", "--in-place")
@@ -110,7 +113,7 @@ def test_set_and_show_say_the_method_replaces_a_stock_scaling(make_gguf, tmp_pat
     log-n alone keeps it), in set's note and in show's method line; never "on top of it"."""
     p = make_gguf(scaling=("yarn", 4.0), orig_ctx=2048)
     out = tmp_path / "o.gguf"
-    r = run("set", p, "-m", "mixed", "-o", out)
+    r = run("set", p, "-m", "mixed", "--static", "-o", out)
     assert r.exit_code == 0, r.output
     assert r.stderr == ("ggufrope: note: the file also has stock llama.cpp rope scaling llama.rope.scaling.type = 'yarn'; "
                         "ggufrope's method ntk-mixed replaces it when the model loads (not stacked on it; L = 2048 from "
@@ -123,6 +126,12 @@ def test_set_and_show_say_the_method_replaces_a_stock_scaling(make_gguf, tmp_pat
         "replaces the file's stock llama.cpp rope scaling 'yarn' (factor 4.0)")
     assert json.loads(run("show", "--json", out).stdout)["description"].endswith("replaces the file's stock llama.cpp "
                                                                                  "rope scaling 'yarn' (factor 4.0)")
+    # without --static: dynamic k (the library's default), replacing the stock scaling just the same
+    dyn = tmp_path / "dyn.gguf"
+    assert run("set", p, "-m", "mixed", "-o", dyn).exit_code == 0
+    assert run("show", dyn).stdout.rstrip().splitlines()[-1] == (
+        "method:        ntk-mixed, b = 0.625, k dynamic: 1 within L, then powers of 2 >= n/L, KV cache re-rotated, "
+        "log-n off; replaces the file's stock llama.cpp rope scaling 'yarn' (factor 4.0)")
     r = run("set", out, "-m", "none", "--logn", "--in-place")
     assert r.exit_code == 0 and "method none keeps it (log-n applies beside it)" in r.stderr
     assert run("show", out).stdout.rstrip().endswith(
@@ -138,10 +147,23 @@ def test_show_ntk_mixed_file_without_exponent(tmp_path) -> None:
     r = run("show", m.path)
     assert r.exit_code == 0, r.output
     assert "  llama.rope.ntk.method  'ntk-mixed'\n" in r.stdout and "llama.rope.ntk.exponent" not in r.stdout
-    assert r.stdout.rstrip().splitlines()[-1] == "method:        ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/64)), log-n off"
+    # no factor and no dynamic key: the library's default, dynamic k
+    assert r.stdout.rstrip().splitlines()[-1] == ("method:        ntk-mixed, b = 0.625 (default), k dynamic: 1 within L, "
+                                                  "then powers of 2 >= n/L, KV cache re-rotated, log-n off")
     meta = json.loads(run("show", "--json", m.path).stdout)
     assert meta["exponent"] == 0.625 and meta["exponent_default"] is True and meta["factor"] is None
+    assert meta["dynamic"] is True
     assert meta["ggufrope_keys"] == {"llama.rope.ntk.method": "ntk-mixed"}
+    # with dynamic false: the static automatic k
+    st = write_tiny_llama(tmp_path / "st.gguf", seed=3, extra_kv={"{arch}.rope.ntk.method": "ntk-mixed",
+                                                                  "{arch}.rope.ntk.dynamic": False})
+    r = run("show", st.path)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.rstrip().splitlines()[-1] == "method:        ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/64)), log-n off"
+    meta = json.loads(run("show", "--json", st.path).stdout)
+    assert meta["exponent"] == 0.625 and meta["exponent_default"] is True and meta["factor"] is None
+    assert meta["dynamic"] is False
+    assert meta["ggufrope_keys"] == {"llama.rope.ntk.method": "ntk-mixed", "llama.rope.ntk.dynamic": False}
 
 
 def test_each_method_through_the_cli(small_gguf, tmp_path) -> None:
@@ -416,12 +438,14 @@ def _tokens(n: int = 190, seed: int = 0) -> list[int]:
 
 
 def test_auto_k_printed_is_the_librarys(tmp_path, patched_lib) -> None:
-    """n_ctx 200, L 64: the k that load reports and generate prints is the library's 4, and it
-    is the k of the table applied (same logits as an explicit k = 4, not as 3.125)."""
+    """n_ctx 200, L 64, static k (dynamic false in the file and at load time): the k that load
+    reports and generate prints is the library's 4, and it is the k of the table applied (same
+    logits as an explicit k = 4, not as 3.125)."""
     from ggufrope import runtime
 
     _require_factor_symbol()
-    m = _tiny(tmp_path, "auto.gguf", **{"rope.ntk.method": "ntk-mixed", "attention.logn_scaling": True})
+    m = _tiny(tmp_path, "auto.gguf", **{"rope.ntk.method": "ntk-mixed", "attention.logn_scaling": True,
+                                        "rope.ntk.dynamic": False})
     toks = _tokens()
     auto, info = _logits(m.path, toks)
     assert info.factor == K_LIB and info.auto and info.n_ctx_seq == 256
@@ -431,8 +455,8 @@ def test_auto_k_printed_is_the_librarys(tmp_path, patched_lib) -> None:
     naive, _ = _logits(m.path, toks, method="ntk-mixed", factor=K_NAIVE, logn=True)
     assert np.array_equal(auto, explicit)
     assert np.abs(auto - naive).max() > 1e-3
-    # chosen at load time with k left out: auto as well, resolved by the library
-    chosen, info_c = _logits(m.path, toks, method="ntk-mixed", logn=True)
+    # chosen at load time with k left out (and static): auto as well, resolved by the library
+    chosen, info_c = _logits(m.path, toks, method="ntk-mixed", logn=True, dynamic=False)
     assert info_c.factor == K_LIB and info_c.auto and np.array_equal(chosen, auto)
 
     r = CliRunner().invoke(main, ["generate", str(m.path), "-p", PROMPT, "-n", "1", "-c", str(N_CTX), "-t", "2"],
@@ -444,13 +468,42 @@ def test_auto_k_printed_is_the_librarys(tmp_path, patched_lib) -> None:
     assert "3.125" not in r.stderr
 
 
-def test_logn_on_the_command_line_keeps_the_files_k_and_table(tmp_path, patched_lib) -> None:
-    """--logn given alone keeps the file's method, k (auto stays the library's auto) and b: the
-    same logits as a file that says log-n itself."""
+def test_auto_k_without_the_dynamic_key_is_dynamic(tmp_path, patched_lib) -> None:
+    """The same file without ``{arch}.rope.ntk.dynamic`` (ntk-mixed, no factor): the library's
+    default is dynamic k, not the static 4: k = 1 after creation and at 64 positions, 2 at 65
+    (L 64); so is the same choice made at load time without a k and without dynamic=."""
+    from ggufrope import runtime
+
     _require_factor_symbol()
-    plain = _tiny(tmp_path, "plain.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5})
+    m = _tiny(tmp_path, "auto.gguf", **{"rope.ntk.method": "ntk-mixed", "attention.logn_scaling": True})
+    for kw in ({}, {"method": "ntk-mixed", "logn": True}):
+        llm = runtime.load(m.path, n_ctx=N_CTX, n_threads=2, n_threads_batch=2, **kw)
+        info = llm.ggufrope
+        assert runtime.dynamic_in_use(llm) is True and info.dynamic is True, kw
+        assert info.factor == 1.0 and not info.auto and runtime.factor_in_use(llm) == 1.0
+        llm.eval(_tokens(64))
+        assert runtime.factor_in_use(llm) == 1.0
+        llm.eval(_tokens(1, seed=1))
+        assert runtime.factor_in_use(llm) == 2.0
+        del llm
+
+    r = CliRunner().invoke(main, ["generate", str(m.path), "-p", PROMPT, "-n", "1", "-c", str(N_CTX), "-t", "2"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    line = [x for x in r.stderr.splitlines() if x.startswith("[ggufrope] rope:")]
+    assert line == ["[ggufrope] rope: ntk-mixed, b = 0.625 (default), k dynamic: 1 within L, then powers of 2 >= n/L, "
+                    f"KV cache re-rotated (k now 1, L 64), log-n on (from the file); llama.cpp patched "
+                    f"{runtime.library_version()}"]
+
+
+def test_logn_on_the_command_line_keeps_the_files_k_and_table(tmp_path, patched_lib) -> None:
+    """--logn given alone keeps the file's method, k (auto stays the library's static auto, the
+    file saying dynamic false) and b: the same logits as a file that says log-n itself."""
+    _require_factor_symbol()
+    plain = _tiny(tmp_path, "plain.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5,
+                                             "rope.ntk.dynamic": False})
     with_logn = _tiny(tmp_path, "logn.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5,
-                                                "attention.logn_scaling": True})
+                                                "attention.logn_scaling": True, "rope.ntk.dynamic": False})
     toks = _tokens(seed=1)
     a, ia = _logits(plain.path, toks, logn=True)
     b, ib = _logits(with_logn.path, toks)
@@ -467,15 +520,31 @@ def test_logn_on_the_command_line_keeps_the_files_k_and_table(tmp_path, patched_
            "log-n on (from the file, log-n chosen at load time)" in r.stderr
 
 
+def test_logn_on_the_command_line_keeps_the_files_dynamic_default(tmp_path, patched_lib) -> None:
+    """The same files without the dynamic key (the library's default: dynamic k): --logn given
+    alone keeps dynamic k (k = 1 at creation), the same logits as the file that says log-n itself."""
+    _require_factor_symbol()
+    plain = _tiny(tmp_path, "plain.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5})
+    with_logn = _tiny(tmp_path, "logn.gguf", **{"rope.ntk.method": "ntk-mixed", "rope.ntk.exponent": 0.5,
+                                                "attention.logn_scaling": True})
+    toks = _tokens(seed=1)
+    a, ia = _logits(plain.path, toks, logn=True)
+    b, ib = _logits(with_logn.path, toks)
+    assert ia.dynamic and ib.dynamic and ia.factor == ib.factor == 1.0 and ia.exponent == ib.exponent == 0.5
+    assert ia.logn and ib.logn
+    assert np.array_equal(a, b)
+
+
 def test_auto_k_with_two_sequences(tmp_path, patched_lib) -> None:
     """Low-level context with n_seq_max = 2 at n_ctx 512: each sequence sees 256 tokens, so the
-    library's k is 256 / 64 = 4 (8 with one sequence)."""
+    library's static automatic k (dynamic false) is 256 / 64 = 4 (8 with one sequence); without
+    the dynamic key both contexts run dynamic k, k = 1 when created."""
     import llama_cpp
 
     from ggufrope import runtime
 
     _require_factor_symbol()
-    m = _tiny(tmp_path, "seq.gguf", **{"rope.ntk.method": "ntk"})
+    m = _tiny(tmp_path, "seq.gguf", **{"rope.ntk.method": "ntk", "rope.ntk.dynamic": False})
     model = llama_cpp.llama_model_load_from_file(str(m.path).encode(), llama_cpp.llama_model_default_params())
     assert model
     try:
@@ -487,6 +556,22 @@ def test_auto_k_with_two_sequences(tmp_path, patched_lib) -> None:
             try:
                 assert llama_cpp.llama_n_ctx_seq(ctx) == 512 // n_seq
                 assert runtime.factor_in_use(ctx) == want
+                assert runtime.dynamic_in_use(ctx) is False
+            finally:
+                llama_cpp.llama_free(ctx)
+    finally:
+        llama_cpp.llama_model_free(model)
+    d = _tiny(tmp_path, "seq-dyn.gguf", **{"rope.ntk.method": "ntk"})
+    model = llama_cpp.llama_model_load_from_file(str(d.path).encode(), llama_cpp.llama_model_default_params())
+    assert model
+    try:
+        for n_seq in (2, 1):
+            cp = llama_cpp.llama_context_default_params()
+            cp.n_ctx, cp.n_seq_max = 512, n_seq
+            ctx = llama_cpp.llama_init_from_model(model, cp)
+            assert ctx
+            try:
+                assert runtime.dynamic_in_use(ctx) is True and runtime.factor_in_use(ctx) == 1.0
             finally:
                 llama_cpp.llama_free(ctx)
     finally:
@@ -544,10 +629,18 @@ def test_describe_says_what_became_of_a_stock_scaling(tmp_path, patched_lib) -> 
     _require_factor_symbol()
     stock = {"rope.scaling.type": "yarn", "rope.scaling.factor": 2.0,
              "rope.scaling.original_context_length": (32, GVT.UINT32)}
-    m = _tiny(tmp_path, "y.gguf", **stock, **{"rope.ntk.method": "ntk"})
+    m = _tiny(tmp_path, "y.gguf", **stock, **{"rope.ntk.method": "ntk", "rope.ntk.dynamic": False})
     llm = runtime.load(m.path, n_ctx=N_CTX, n_threads=2)
     assert llm.ggufrope.factor == 256 / 32  # L = original_context_length
     assert "; replaces the file's stock yarn scaling;" in runtime.describe(llm)
+    del llm
+    # without the dynamic key: dynamic k (the default) with L = original_context_length = 32
+    d = _tiny(tmp_path, "yd.gguf", **stock, **{"rope.ntk.method": "ntk"})
+    llm = runtime.load(d.path, n_ctx=N_CTX, n_threads=2)
+    assert llm.ggufrope.dynamic and llm.ggufrope.factor == 1.0
+    assert "(k now 1, L 32), log-n off (from the file); replaces the file's stock yarn scaling;" in runtime.describe(llm)
+    llm.eval(_tokens(33))
+    assert runtime.factor_in_use(llm) == 2.0
     del llm
     n = _tiny(tmp_path, "n.gguf", **stock, **{"rope.ntk.method": "none"})
     for kw, want in [({}, "stays in effect"), ({"logn": True}, "stays in effect"),

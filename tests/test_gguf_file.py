@@ -157,11 +157,12 @@ def _with_ggufrope_keys(tmp_path: Path, name: str, **values) -> Path:
     """A llama file whose ggufrope keys are written raw (as another tool might), not by set."""
     parts = [kv_str("general.architecture", "llama"), kv_u32("llama.context_length", 4096)]
     for k, v in values.items():
-        key = {"method": K.KEY_METHOD, "factor": K.KEY_FACTOR, "exponent": K.KEY_EXPONENT, "logn": K.KEY_LOGN}[k]
+        key = {"method": K.KEY_METHOD, "factor": K.KEY_FACTOR, "exponent": K.KEY_EXPONENT, "logn": K.KEY_LOGN,
+               "dynamic": K.KEY_DYNAMIC}[k]
         key = K.key(key, "llama")
         if k == "method":
             parts.append(kv_str(key, v))
-        elif k == "logn":
+        elif k in ("logn", "dynamic"):
             parts.append(kv(key, VT.BOOL, struct.pack("<?", v)))
         else:
             parts.append(kv(key, VT.FLOAT32, struct.pack("<f", v)))
@@ -171,24 +172,39 @@ def _with_ggufrope_keys(tmp_path: Path, name: str, **values) -> Path:
 
 def test_ntk_mixed_without_exponent_reads_the_default(tmp_path) -> None:
     """The library loads an ntk-mixed file without the exponent key with b = 0.625: read and
-    described as such, no TypeError."""
+    described as such, no TypeError. (No factor and no dynamic key: the library's default,
+    dynamic k; with dynamic false, the static automatic k.)"""
     p = _with_ggufrope_keys(tmp_path, "m.gguf", method="ntk-mixed", logn=True)
     m = G.read_rope_metadata(p)
     assert m["method"] == "ntk-mixed" and m["exponent"] == 0.625 and m["exponent_default"] is True
-    assert m["factor"] is None
-    assert m["description"] == "ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/4096)), log-n on"
+    assert m["factor"] is None and m["dynamic"] is True
+    assert m["description"] == ("ntk-mixed, b = 0.625 (default), k dynamic: 1 within L, then powers of 2 >= n/L, "
+                                "KV cache re-rotated, log-n on")
     assert "llama.rope.ntk.exponent" not in m["ggufrope_keys"]
-    p2 = _with_ggufrope_keys(tmp_path, "m2.gguf", method="ntk-mixed", exponent=0.5)
+    ps = _with_ggufrope_keys(tmp_path, "s.gguf", method="ntk-mixed", logn=True, dynamic=False)
+    ms = G.read_rope_metadata(ps)
+    assert ms["exponent"] == 0.625 and ms["exponent_default"] is True and ms["factor"] is None
+    assert ms["dynamic"] is False
+    assert ms["description"] == "ntk-mixed, b = 0.625 (default), k = auto (max(1, n_ctx_seq/4096)), log-n on"
+    p2 = _with_ggufrope_keys(tmp_path, "m2.gguf", method="ntk-mixed", exponent=0.5, dynamic=False)
     m2 = G.read_rope_metadata(p2)
     assert m2["exponent"] == 0.5 and m2["exponent_default"] is False
     assert m2["description"].startswith("ntk-mixed, b = 0.5, k = auto")
 
 
 def test_factor_zero_in_the_file_is_auto(tmp_path) -> None:
-    p = _with_ggufrope_keys(tmp_path, "z.gguf", method="ntk", factor=0.0)
+    """k = 0 in the file is auto: with dynamic false the static automatic k; without the dynamic
+    key the library's default, dynamic k (a factor 0 is no explicit k)."""
+    p = _with_ggufrope_keys(tmp_path, "z.gguf", method="ntk", factor=0.0, dynamic=False)
     m = G.read_rope_metadata(p)
     assert m["factor"] is None and m["ggufrope_keys"]["llama.rope.ntk.factor"] == 0.0
+    assert m["dynamic"] is False
     assert m["description"] == "ntk, k = auto (max(1, n_ctx_seq/4096)), log-n off"
+    pd = _with_ggufrope_keys(tmp_path, "zd.gguf", method="ntk", factor=0.0)
+    md = G.read_rope_metadata(pd)
+    assert md["factor"] is None and md["ggufrope_keys"]["llama.rope.ntk.factor"] == 0.0
+    assert md["dynamic"] is True and md["dynamic_ratio"] == 2.0
+    assert md["description"] == "ntk, k dynamic: 1 within L, then powers of 2 >= n/L, KV cache re-rotated, log-n off"
     bad = _with_ggufrope_keys(tmp_path, "b.gguf", method="ntk", factor=0.5)
     with pytest.raises(GGUFRopeError, match="factor k must be finite and >= 1"):
         G.read_rope_metadata(bad)
@@ -307,7 +323,7 @@ def test_reset_is_set_to_nothing_and_set_is_idempotent(small_gguf, tmp_path) -> 
 
 def test_reset_then_set_round_trip_via_show(small_gguf, tmp_path) -> None:
     a = tmp_path / "a.gguf"
-    G.write_rope_metadata(small_gguf, a, method="mixed", exponent=0.625, logn=True)
+    G.write_rope_metadata(small_gguf, a, method="mixed", exponent=0.625, logn=True, dynamic=False)
     m = G.read_rope_metadata(a)
     assert m["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n on"
     G.reset_rope_metadata(a, a)
@@ -939,7 +955,7 @@ def test_stock_scaling_is_noted_not_touched(make_gguf, tmp_path) -> None:
     leaves the stock keys in the file; show's method line says so."""
     p = make_gguf(scaling=("linear", 2.0))
     out = tmp_path / "o.gguf"
-    r = G.write_rope_metadata(p, out, method="ntk")
+    r = G.write_rope_metadata(p, out, method="ntk", dynamic=False)
     assert r.notes == ("the file also has stock llama.cpp rope scaling llama.rope.scaling.type = 'linear'; "
                        "ggufrope's method ntk replaces it when the model loads (not stacked on it; "
                        "L = 8192 from llama.context_length)",)
@@ -1660,7 +1676,8 @@ def gguf_py_reads(path: Path, want: dict) -> None:
 def test_every_rewrite_of_the_real_model_loads_in_the_patched_library(patched_lib, tmp_path) -> None:
     """SmolLM2-135M (98 MB): after `set` (-o), after an in-place re-set (header only) and
     after `reset`, the tensor data are byte-identical, gguf-py reads the file, and the
-    patched library loads it and reads the keys: with k = 1 (auto at n_ctx 64 < L) the
+    patched library loads it and reads the keys: with k = 1 (no factor and no dynamic key:
+    dynamic k, 1 while p < L; the static auto k at n_ctx 64 would be 1 too) the
     logits equal the original's bit for bit, with k = 4 they differ, after reset they are
     the original's again (and the file is the original, byte for byte)."""
     import llama_cpp
@@ -1690,7 +1707,7 @@ def test_every_rewrite_of_the_real_model_loads_in_the_patched_library(patched_li
     logits, meta = run_model(out)
     assert meta == {"llama.rope.ntk.method": "ntk-mixed", "llama.rope.ntk.exponent": "0.625000",
                     "llama.attention.logn_scaling": "true"}
-    assert np.array_equal(logits, base)  # k = max(1, 64/8192) = 1 and p < L: plain RoPE exactly
+    assert np.array_equal(logits, base)  # dynamic k = 1 while p < L: plain RoPE exactly
 
     r = G.write_rope_metadata(out, None, method="ntk-mixed", factor=4.0, exponent=0.5, logn=True)
     assert r.header_only and r.data_bytes == 0
