@@ -56,6 +56,13 @@ def dyn(arch: str, method: str = "ntk-mixed", b: float | None = 0.625, logn: boo
     return kv
 
 
+def static_auto(arch: str, logn: bool) -> dict:
+    """ntk-mixed with the static automatic k = max(1, n_ctx / L) (dynamic explicitly off)."""
+    kv = _overrides(arch, "ntk-mixed", None, 0.625, logn)
+    kv[f"{arch}.rope.ntk.dynamic"] = False
+    return kv
+
+
 def tol(arch: str) -> float:
     return TOL_GEMMA3 if arch == "gemma3" else TOL
 
@@ -122,7 +129,7 @@ def test_below_L_bit_identical_to_none(models, arch, logn, n_ctx, n_batch):
     none = run_llama_cpp(m, toks, n_ctx=n_ctx, n_batch=n_batch, kv_overrides=_overrides(arch, "none", None, None, logn))
     assert np.array_equal(got, none)
     # and a static table at k = n_ctx / L is not: what dynamic mode saves on short text
-    static = run_llama_cpp(m, toks, n_ctx=n_ctx, n_batch=n_batch, kv_overrides=_overrides(arch, "ntk-mixed", None, 0.625, logn))
+    static = run_llama_cpp(m, toks, n_ctx=n_ctx, n_batch=n_batch, kv_overrides=static_auto(arch, logn))
     assert rel_err(static, none).max() > POWER
 
 
@@ -144,10 +151,30 @@ def test_below_L_k_reads_one_then_follows_the_length(models):
 
 
 def test_static_context_reports_not_dynamic(models):
-    llm = open_llm(models["llama"], _overrides("llama", "ntk-mixed", None, 0.625, False))
+    llm = open_llm(models["llama"], static_auto("llama", False))
     try:
         assert not _lib().llama_ggufrope_dynamic(llm._ctx.ctx)
         assert k_now(llm) == 4.0  # auto: 256 / 64
+    finally:
+        llm.close()
+
+
+def test_dynamic_is_the_default_without_a_factor(models):
+    """No dynamic key and no factor: the library runs dynamic k (the default of issue 13); a
+    factor in the overrides makes it static."""
+    m = models["llama"]
+    llm = open_llm(m, _overrides("llama", "ntk-mixed", None, 0.625, False))
+    try:
+        assert _lib().llama_ggufrope_dynamic(llm._ctx.ctx)
+        assert k_now(llm) == 1.0
+        llm.eval(tokens_for(m, 100, seed=17))
+        assert k_now(llm) == 2.0
+    finally:
+        llm.close()
+    llm = open_llm(m, _overrides("llama", "ntk-mixed", 3.0, 0.625, False))
+    try:
+        assert not _lib().llama_ggufrope_dynamic(llm._ctx.ctx)
+        assert k_now(llm) == 3.0
     finally:
         llm.close()
 
