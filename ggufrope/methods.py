@@ -313,8 +313,9 @@ def _check_dynamic(m: Method, factor: object, dynamic: bool | None, ratio: objec
             raise ValueError(f"dynamic k chooses k itself (1 within L, then by its schedule): {how} (got {factor!r})")
     if ratio is not None:
         _number("dynamic ratio r", ratio)
-        if not stored and not dynamic:
-            raise ValueError("the dynamic ratio r applies to dynamic k only (ask for dynamic k too)")
+        if not stored and not dynamic_effective(m.name, factor, dynamic):
+            raise ValueError("the dynamic ratio r applies to dynamic k only, and this choice runs static k "
+                             "(a factor k, method none, or --static)")
         check_dynamic_ratio(ratio)
         r32 = to_float32(float(ratio))
         if not (math.isfinite(r32) and r32 > 1.0):

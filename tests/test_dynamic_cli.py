@@ -265,7 +265,7 @@ REFUSED_SET = [
     (["-m", "ntk", "--dynamic", "-k", "0"], "leave the factor k out (got 0.0)"),
     (["-m", "none", "--dynamic"], "dynamic k needs an NTK-family method (ntk, ntk-fixed, ntk-mixed), not 'none'"),
     (["-m", "none", "--dynamic", "--logn"], "not 'none'"),
-    (["-m", "ntk", "--dynamic-ratio", "1.5"], "the dynamic ratio r applies to dynamic k only"),
+    (["-m", "ntk", "--factor", "2", "--dynamic-ratio", "1.5"], "the dynamic ratio r applies to dynamic k only"),
     (["-m", "ntk", "--static", "--dynamic-ratio", "1.5"], "the dynamic ratio r applies to dynamic k only"),
     (["-m", "ntk", "--dynamic", "--dynamic-ratio", "1"], "dynamic ratio r must be finite and > 1, got 1.0"),
     (["-m", "ntk", "--dynamic", "--dynamic-ratio", "0.5"], "dynamic ratio r must be finite and > 1"),
@@ -424,7 +424,7 @@ def test_load_dynamic_with_the_files_method(small_gguf, tmp_path, captured) -> N
     ({"method": "none", "dynamic": True}, "dynamic k needs an NTK-family method (ntk, ntk-fixed, ntk-mixed), not 'none'"),
     ({"method": "linear", "dynamic": True}, "not 'linear'"),
     ({"method": "ntk", "factor": 2.0, "dynamic": True}, "leave the factor k out (got 2.0)"),
-    ({"method": "ntk", "dynamic_ratio": 1.5}, "the dynamic ratio r applies to dynamic k only"),
+    ({"method": "ntk", "factor": 2.0, "dynamic_ratio": 1.5}, "the dynamic ratio r applies to dynamic k only"),
     ({"method": "ntk", "dynamic": True, "dynamic_ratio": 1.0}, "dynamic ratio r must be finite and > 1"),
     ({"dynamic": True}, "not 'none'"),  # the file's method is none (no keys)
     ({"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),  # the file is static
@@ -519,16 +519,22 @@ def test_eval_unit_keys_of_static_and_dynamic_differ() -> None:
 
 
 def test_the_published_cached_units_keep_their_keys() -> None:
-    """Every unit cached in docs/results/cache (all static) gets the same key and file name from
-    today's code: the results computed before dynamic k are still found."""
+    """Every unit cached in docs/results/cache gets the same key and file name from today's code:
+    the static results computed before dynamic k are still found (no dynamic field in their key),
+    and the dynamic units (file names -dyn) carry dynamic true and the ratio 2."""
     files = sorted(p for p in (ROOT / "docs" / "results" / "cache").glob("*.json") if p.name != "model-sha256.json")
     assert files
     cache = E.Cache.__new__(E.Cache)
     cache.root = files[0].parent
     for p in files:
         key = json.loads(p.read_text())["key"]
-        assert "dynamic" not in key
-        st = E.Setting.for_grid(key["method"], None, key["exponent"] or M.DEFAULT_EXPONENT, key["logn"])
+        dyn = "-dyn-" in p.name or "-dyn." in p.name
+        if dyn:
+            assert (key["dynamic"], key["dynamic_ratio"], key["factor"]) == (True, 2.0, None), p.name
+        else:
+            assert "dynamic" not in key and "dynamic_ratio" not in key, p.name
+        st = E.Setting.for_grid(key["method"], None, key["exponent"] or M.DEFAULT_EXPONENT, key["logn"],
+                                **({"dynamic": True} if dyn else {}))
         base = E.unit_key(st, key["n_ctx"], key["n_ctx_orig"], key["model"])
         assert base == {k: key[k] for k in base}, p.name
         assert cache.path(key) == p
@@ -764,3 +770,12 @@ def test_library_refuses_what_python_refuses(dyn_lib, tmp_path) -> None:
                 "llama.rope.ntk.dynamic_ratio": math.nan}):
         with pytest.raises(ValueError):
             llama_cpp.Llama(model_path=str(m.path), n_ctx=256, verbose=False, kv_overrides=kv)
+
+
+def test_a_ratio_alone_goes_with_the_default_dynamic_k() -> None:
+    """Without --dynamic, a method with automatic k runs dynamic k by default, so a ratio alone is
+    accepted (and kept); with a factor k the choice is static and the ratio refused."""
+    p = M.validate("ntk", dynamic_ratio=1.5)
+    assert (p.dynamic, p.dynamic_ratio) == (None, 1.5)
+    with pytest.raises(ValueError, match="applies to dynamic k only"):
+        M.validate("ntk", 2.0, dynamic_ratio=1.5)

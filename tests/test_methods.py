@@ -220,7 +220,8 @@ def test_validate_dynamic_accepts(args, kw, want) -> None:
         (("ntk", 2.0), {"dynamic": True}, ("dynamic k chooses k itself (1 within L, then by its schedule): "
                                            "leave the factor k out (got 2.0)")),
         (("ntk", 1.0), {"dynamic": True}, "leave the factor k out"),
-        (("ntk",), {"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
+        (("ntk", 2.0), {"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
+        (("none",), {"dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
         (("ntk",), {"dynamic": False, "dynamic_ratio": 2.0}, "the dynamic ratio r applies to dynamic k only"),
         (("ntk",), {"dynamic": True, "dynamic_ratio": 1.0}, "dynamic ratio r must be finite and > 1, got 1.0"),
         (("ntk",), {"dynamic": True, "dynamic_ratio": 0.0}, "dynamic ratio r must be finite and > 1"),
