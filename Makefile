@@ -18,7 +18,7 @@ DEMO_NCTX_gemma3  := 40960
 DEMO_NCTX := $(DEMO_NCTX_$(MODEL))
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build stock model demo test test-slow results-report cuda-compile test-backend-ops gpu-check clean distclean
+.PHONY: all venv build stock model demo test test-slow results-report results-dynamic-report cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -62,6 +62,17 @@ RESULTS_GRID := --n-ctx 8192,16384,32768 --methods all --logn both --text paradi
 results-report: build
 	$(VENV)/bin/ggufrope eval compare "$$($(PY) -m ggufrope.models)" $(RESULTS_GRID) \
 		--cache docs/results/cache --out docs/results --report-only -q
+
+# issue 13: dynamic vs static k per document (beyond L at 2x and 4x; within L at 8192 with the static
+# k of a 16k context), written from the committed units in docs/results/cache, computing nothing
+DYN_TEXTS := paradise_lost hamlet comus
+results-dynamic-report: build
+	@for t in $(DYN_TEXTS); do \
+	  $(VENV)/bin/ggufrope eval compare "$$($(PY) -m ggufrope.models)" --methods ntk-mixed --logn both --dynamic both \
+	    -c 16384,32768 --trials 0 --text $$t --cache docs/results/cache --out docs/results/dynamic/$$t --report-only -q || exit 1; \
+	  $(VENV)/bin/ggufrope eval compare "$$($(PY) -m ggufrope.models)" --methods none,ntk-mixed --logn off --dynamic both \
+	    -k 2 -c 8192 --trials 0 --text $$t --cache docs/results/cache --out docs/results/dynamic/$$t-within-L --report-only -q || exit 1; \
+	done
 
 # compile the patched CUDA rope sources with nvcc (no GPU needed); see native/cuda-compile.sh
 cuda-compile: build

@@ -345,6 +345,42 @@ def test_published_results_are_the_cached_units(smollm2, tmp_path):
         assert line in md, line
 
 
+def _published_dynamic_reports():
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "docs" / "results" / "dynamic").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("report", _published_dynamic_reports(), ids=lambda p: p.parent.name)
+def test_published_dynamic_reports_are_the_cached_units(smollm2, tmp_path, report):
+    """The dynamic-k tables of docs/results.md (issue 13; `make results-dynamic-report`) are
+    regenerated with --report-only from the committed units: every table row quoted in
+    docs/results.md is the one the cache gives."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pub = json.loads(report.read_text(encoding="utf-8"))
+    g = pub["grid"]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    texts = E.resolve_texts([t["name"] for t in g["texts"]])
+    res, stats = E.run_compare(
+        smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
+        factor=g["factor"], exponent=g["exponent"], texts=texts, max_windows=g["max_windows"],
+        score_from=g["score_from"], trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"],
+        out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,
+    )
+    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
+    assert res["cells"] == pub["cells"]
+    md = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    table = (report.parent / "results.md").read_text(encoding="utf-8")
+    for line in E.markdown_table(res).splitlines():
+        if line.startswith("| "):
+            assert line in table, line
+            assert line in md, line
+
+
 # --- f. the factor k the evaluation applies --------------------------------------------------------
 
 
