@@ -40,7 +40,7 @@ grep -E "tests passed|Backend CUDA0|FAIL" "$OUT/test-backend-ops.log" | sort | u
 grep -E 'ROPE\(.*method=none.*n_ctx=65536' "$OUT/test-backend-ops.log" | head -n 4 | tee -a "$REPORT"
 
 # 3. tiny-model reference tests on the GPU
-GGUFROPE_TEST_NGL=99 $PY -m pytest -q tests/test_reference_forward.py tests/test_patched_model.py > "$OUT/tiny.log" 2>&1
+GGUFROPE_TEST_NGL=99 $PY -m pytest -q tests/test_reference_forward.py tests/test_patched_model.py tests/test_dynamic.py > "$OUT/tiny.log" 2>&1
 say "tiny-model reference on GPU (exit $?): $(tail -n1 "$OUT/tiny.log")"
 
 # 4. the real model, all layers on the GPU
