@@ -614,6 +614,8 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
               help="Dynamic k: off, on or both (on: the NTK-family methods only, no k passed; rows labelled dyn).")
 @click.option("-k", "--factor", type=float, default=None, metavar="K",
               help="Factor k of the static rows. Left out: max(1, n_ctx / L).")
+@click.option("--dynamic-ratio", type=float, default=None, metavar="R",
+              help="Ratio r > 1 of the dynamic rows' schedule (k = r^e). Left out: 2.")
 @click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
               help="Exponent b of ntk-mixed.")
 @click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
@@ -634,7 +636,7 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
-                     exponent: float,
+                     dynamic_ratio: float | None, exponent: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
                      seed: int, depths: str, out_dir: str, cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
@@ -648,6 +650,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     import shlex
 
     from . import evaluate as E
+    from . import methods as M
 
     ctxs = E.parse_ints(n_ctxs)
     ms = E.parse_methods(methods)
@@ -656,6 +659,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     ds = E.parse_depths(depths)
     for m in ms:  # the registry's checks of k and b, before anything runs
         E.Setting.for_grid(m, factor, exponent, False)
+        if dynamic_ratio is not None and True in dyns and M.entry(m).supports_dynamic:
+            E.Setting.for_grid(m, None, exponent, False, True, dynamic_ratio)
     if not E.grid_configs(ctxs, ms, lns, dyns):
         raise GGUFRopeError("nothing to run: --dynamic on applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
     txts = [] if no_ppl else E.resolve_texts(texts)
@@ -667,6 +672,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
         argv += ["--dynamic", dynamic_spec]
     if factor is not None:
         argv += ["-k", f"{factor:g}"]
+    if dynamic_ratio is not None:
+        argv += ["--dynamic-ratio", f"{dynamic_ratio:.9g}"]
     argv += ["--b", f"{exponent:g}"]
     if no_ppl:
         argv += ["--no-ppl"]
@@ -682,7 +689,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     if report_only:
         argv += ["--report-only"]
     res, stats = E.run_compare(
-        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, factor=factor, exponent=exponent, texts=txts,
+        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, dynamic_ratio=dynamic_ratio, factor=factor,
+        exponent=exponent, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
         report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),

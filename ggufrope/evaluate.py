@@ -136,16 +136,16 @@ class Setting(RopeChoice):
 
     @classmethod
     def for_grid(cls, method: str, factor: float | None, exponent: float | None, logn: bool,
-                 dynamic: bool = False) -> Setting:
+                 dynamic: bool = False, dynamic_ratio: float | None = None) -> Setting:
         """The setting of ``method`` in a grid whose k and b are given once for all methods: k
         goes only to methods that take one (and not with dynamic k, which chooses its own), b
-        only to ntk-mixed (the registry's parameters)."""
+        only to ntk-mixed (the registry's parameters), the ratio r only to dynamic rows."""
         try:
             m = entry(method)
         except ValueError as e:
             raise GGUFRopeError(str(e)) from None
         return cls(m.name, factor if m.uses_factor and not dynamic else None, exponent if m.uses_exponent else None,
-                   logn, dynamic)
+                   logn, dynamic, dynamic_ratio=dynamic_ratio if dynamic else None)
 
     def resolved_factor(self, n_ctx: int, n_ctx_orig: int) -> float | None:
         """k as applied at ``n_ctx`` (None for ``none``, which has no k, and for dynamic k,
@@ -745,6 +745,7 @@ def run_compare(
     methods: Sequence[str],
     logn_modes: Sequence[bool] = (False, True),
     dynamic_modes: Sequence[bool] = (False,),
+    dynamic_ratio: float | None = None,
     factor: float | None = None,
     exponent: float = DEFAULT_EXPONENT,
     texts: Sequence[Text] = (),
@@ -771,7 +772,8 @@ def run_compare(
 
     ``report_only``: compute nothing, build the report from
     the units already cached; a cell whose units are missing is reported as not run (None).
-    ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only)."""
+    ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only), with the
+    schedule's ratio ``dynamic_ratio`` (None: the library's 2)."""
     from tqdm import tqdm
 
     for c in n_ctxs:
@@ -791,7 +793,7 @@ def run_compare(
         raise GGUFRopeError("nothing to run: dynamic k applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
     units = []
     for c, m, ln, dyn in configs:
-        st = Setting.for_grid(m, factor, exponent, ln, dyn)
+        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
         base = unit_key(st, c, L, fp)
         for t in texts:
             units.append((st, c, "ppl", t, {**base, "kind": "ppl", "text": t.name, "text_sha256": t.sha256,
@@ -854,7 +856,7 @@ def run_compare(
 
     cells = []
     for c, m, ln, dyn in configs:
-        st = Setting.for_grid(m, factor, exponent, ln, dyn)
+        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
         docs = {t.name: results.get((m, ln, dyn, c, "ppl", t.name)) for t in texts}
         if None in docs.values():  # report_only and some text not run: no partial pooled value
             docs = {}
@@ -876,7 +878,7 @@ def run_compare(
         "command": command,
         "model": {**fp, "path": os.fspath(model), "n_ctx_orig": L},
         "grid": {"n_ctx": list(n_ctxs), "methods": list(methods), "logn": list(logn_modes),
-                 "dynamic": list(dynamic_modes), "factor": factor,
+                 "dynamic": list(dynamic_modes), "dynamic_ratio": dynamic_ratio, "factor": factor,
                  "exponent": exponent, "texts": [{"name": t.name, "sha256": t.sha256} for t in texts],
                  "max_windows": max_windows, "score_from": score_from, "trials": trials, "seed": seed,
                  "depths": None if depths is None else list(depths), "n_gen": n_gen,

@@ -367,7 +367,7 @@ def test_published_dynamic_reports_are_the_cached_units(smollm2, tmp_path, repor
     texts = E.resolve_texts([t["name"] for t in g["texts"]])
     res, stats = E.run_compare(
         smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
-        factor=g["factor"], exponent=g["exponent"], texts=texts, max_windows=g["max_windows"],
+        dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"], texts=texts, max_windows=g["max_windows"],
         score_from=g["score_from"], trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"],
         out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,
     )
