@@ -533,7 +533,8 @@ def test_the_published_cached_units_keep_their_keys() -> None:
             assert (key["dynamic"], key["dynamic_ratio"], key["factor"]) == (True, 2.0, None), p.name
         else:
             assert "dynamic" not in key and "dynamic_ratio" not in key, p.name
-        st = E.Setting.for_grid(key["method"], None, key["exponent"] or M.DEFAULT_EXPONENT, key["logn"],
+        # the unit's own k (auto k is stored resolved, so passing it back gives the same key)
+        st = E.Setting.for_grid(key["method"], key["factor"], key["exponent"] or M.DEFAULT_EXPONENT, key["logn"],
                                 **({"dynamic": True} if dyn else {}))
         base = E.unit_key(st, key["n_ctx"], key["n_ctx_orig"], key["model"])
         assert base == {k: key[k] for k in base}, p.name
