@@ -73,11 +73,9 @@ def open_ctx(model, dynamic: bool, n_ctx: int, threads: int):
 
 
 def k_now(llm) -> float:
-    import llama_cpp
+    from ggufrope.runtime import factor_in_use
 
-    f = llama_cpp.llama_cpp._lib.llama_ggufrope_factor
-    f.restype, f.argtypes = ctypes.c_float, [ctypes.c_void_p]
-    return float(f(llm._ctx.ctx))
+    return factor_in_use(llm._ctx.ctx)
 
 
 def decode_one(llm, token: int, pos: int) -> float:

@@ -156,17 +156,22 @@ def factor_in_use(llm_or_ctx: Any) -> float | None:
     Returns None when the context applies no NTK-family method (none, linear, yarn). Raises
     :class:`GGUFRopeError` when the loaded library lacks the function (stock, or an older
     patch)."""
-    lib = _lib()
-    try:
-        f = lib.llama_ggufrope_factor
-    except AttributeError:
-        raise GGUFRopeError("reading back the factor k needs llama_ggufrope_factor, which the loaded llama.cpp "
-                            "lacks (stock, or an older patch); rebuild it with: make build") from None
-    f.argtypes = [ctypes.c_void_p]
-    f.restype = ctypes.c_float
-    ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
-    k = float(f(ctx))
+    k = float(_read_back(llm_or_ctx, "llama_ggufrope_factor", ctypes.c_float, "the factor k", "an older patch"))
     return None if k == 0.0 else k
+
+
+def _read_back(llm_or_ctx: Any, symbol: str, restype: Any, what: str, older: str) -> Any:
+    """Call the patched library's per-context getter ``symbol`` (``restype``) on a
+    ``llama_cpp.Llama`` or a ``llama_context *``; :class:`GGUFRopeError` naming ``what`` when
+    the loaded library lacks it (stock, or ``older``)."""
+    try:
+        f = getattr(_lib(), symbol)
+    except AttributeError:
+        raise GGUFRopeError(f"reading back {what} needs {symbol}, which the loaded llama.cpp "
+                            f"lacks (stock, or {older}); rebuild it with: make build") from None
+    f.argtypes = [ctypes.c_void_p]
+    f.restype = restype
+    return f(getattr(llm_or_ctx, "ctx", llm_or_ctx))
 
 
 def has_dynamic() -> bool:
@@ -193,16 +198,8 @@ def dynamic_in_use(llm_or_ctx: Any) -> bool:
     ``llm_or_ctx``: a ``llama_cpp.Llama`` or a ``llama_context *``. Raises
     :class:`GGUFRopeError` when the loaded library lacks the function (stock, or an older
     patch)."""
-    lib = _lib()
-    try:
-        f = lib.llama_ggufrope_dynamic
-    except AttributeError:
-        raise GGUFRopeError("reading back dynamic k needs llama_ggufrope_dynamic, which the loaded llama.cpp "
-                            "lacks (stock, or a patch older than dynamic k); rebuild it with: make build") from None
-    f.argtypes = [ctypes.c_void_p]
-    f.restype = ctypes.c_bool
-    ctx = getattr(llm_or_ctx, "ctx", llm_or_ctx)
-    return bool(f(ctx))
+    return bool(_read_back(llm_or_ctx, "llama_ggufrope_dynamic", ctypes.c_bool, "dynamic k",
+                           "a patch older than dynamic k"))
 
 
 def library_freq_factors(method: str, n_dims: int, factor: float, exponent: float = DEFAULT_EXPONENT):
