@@ -4,6 +4,8 @@
 #   make demo MODEL=gemma3   the same on Gemma 3 270M (L = 32768): ~34,800-token prompt at n_ctx 40960
 #   make test         the test suite (what CI runs); builds the unpatched library too (make stock)
 #   make stock        the UNPATCHED llama.cpp of the same sdist into build/stock-lib (incremental)
+#   make tools        the patched llama-server, llama-cli, llama-perplexity, llama-bench, ggml-rpc-server
+#                     into build/tools/bin (CPU; CUDA=1 for CUDA; UI=1 builds the server's web UI with npm)
 #   make results-report  docs/results/ (table, JSON, plot) from the committed per-unit results
 
 PYTHON   ?= python3
@@ -18,7 +20,7 @@ DEMO_NCTX_gemma3  := 40960
 DEMO_NCTX := $(DEMO_NCTX_$(MODEL))
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build stock model demo test test-slow results-report results-dynamic-report cuda-compile test-backend-ops gpu-check clean distclean
+.PHONY: all venv build stock tools model demo test test-slow results-report results-dynamic-report cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -38,6 +40,11 @@ build: venv
 stock: build
 	bench/build-stock.sh
 
+# the patched llama.cpp tools from the same tree (static binaries, incremental): native/tools.sh
+UI ?= 0
+tools: build
+	CUDA=$(CUDA) UI=$(UI) native/tools.sh
+
 model: venv
 	@$(PY) -m ggufrope.models --model $(MODEL)
 
@@ -49,7 +56,7 @@ demo: build
 	$(VENV)/bin/ggufrope show $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf
 	$(VENV)/bin/ggufrope generate $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf --n-ctx $(DEMO_NCTX) -f $(DEMO_DIR)/long-$(MODEL).txt -n 64
 
-test: build stock
+test: build stock tools
 	$(PY) -m pytest -ra
 
 test-slow: build

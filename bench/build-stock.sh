@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Build the UNPATCHED llama.cpp of the same pinned llama-cpp-python sdist (shared libraries, the
 # flags native/build.sh uses) into build/stock-lib, for side-by-side benchmarks: point
-# llama-cpp-python at it with LLAMA_CPP_LIB_PATH=build/stock-lib. Also builds its test-backend-ops
-# when WITH_TESTS=1 (the rope micro-benchmark).
+# llama-cpp-python at it with LLAMA_CPP_LIB_PATH=build/stock-lib. Also builds its ggml-rpc-server into
+# build/stock-bin (the RPC tests: an unpatched server must be declined) and, when WITH_TESTS=1, its
+# test-backend-ops (the rope micro-benchmark).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=${BUILD:-$ROOT/build}
@@ -20,11 +21,13 @@ fi
 TESTS=${WITH_TESTS:-0}
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
 cmake -S "$LLAMA" -B "$BUILD/cmake-stock" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
-    -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=$([ "$TESTS" = 1 ] && echo ON || echo OFF) -DLLAMA_BUILD_EXAMPLES=OFF \
-    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF >/dev/null
-TARGETS=(--target llama ggml)
+    -DGGML_NATIVE=ON -DGGML_RPC=ON -DLLAMA_BUILD_TESTS=$([ "$TESTS" = 1 ] && echo ON || echo OFF) -DLLAMA_BUILD_EXAMPLES=OFF \
+    -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >/dev/null
+TARGETS=(--target llama ggml ggml-rpc-server)
 [ "$TESTS" = 1 ] && TARGETS+=(test-backend-ops)
 cmake --build "$BUILD/cmake-stock" "${TARGETS[@]}" -j "$(nproc)"
 mkdir -p "$BUILD/stock-lib"
 cp -a "$BUILD"/cmake-stock/bin/lib*.so* "$BUILD/stock-lib/"
+mkdir -p "$BUILD/stock-bin"
+cp -f "$BUILD/cmake-stock/bin/ggml-rpc-server" "$BUILD/stock-bin/ggml-rpc-server"
 echo "build-stock: unpatched llama.cpp ($VERSION) in $BUILD/stock-lib"

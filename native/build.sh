@@ -25,7 +25,7 @@ say() { echo "build: $*" >&2; }
 [ -x "$PY" ] || die "no virtual environment at $VENV (run: make venv)"
 command -v cmake >/dev/null || die "cmake not found (apt-get install cmake, or pip install cmake)"
 
-CMAKE_ARGS="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+CMAKE_ARGS="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
 FLAVOR=cpu
 if [ "$CUDA" = 1 ]; then
     command -v nvcc >/dev/null || die "CUDA=1 but nvcc is not on PATH"
