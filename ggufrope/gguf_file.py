@@ -14,6 +14,12 @@ writes a new file as
   ``os.sendfile``, then a buffered copy). Tensor offsets are relative to the data section,
   so the tensor-info records are reused unchanged.
 
+**Tensors appended or replaced** (the stock export, :mod:`ggufrope.stock`): a rewrite may
+also append a tensor (a new tensor-info record after the source's, its data after the source's
+data section, aligned to ``general.alignment``) or replace one tensor's data (same shape and
+type, so every offset stays). The data section is still copied as one block; the few new bytes
+are written after it or over it (:class:`TensorWrite`).
+
 **The layout, and the reserved key.** A file written by :func:`write_rope_metadata`
 (``ggufrope set``) has its ggufrope keys first, right after the 24-byte fixed header, then
 one extra key, :data:`KEY_RESERVED` (``ggufrope.reserved``, an array of zero ``UINT8``),
@@ -90,6 +96,7 @@ __all__ = [
     "Header",
     "KeyValue",
     "TensorInfo",
+    "TensorWrite",
     "WriteResult",
     "has_rope",
     "read_header",
@@ -201,6 +208,22 @@ class TensorInfo:
     nbytes: int | None
 
 
+@dataclass(frozen=True)
+class TensorWrite:
+    """A tensor that a rewrite (:func:`_rewrite`, through its ``build`` callback) appends or
+    whose data it replaces. ``name`` absent from the source: a new tensor-info record after the
+    source's ones and its data at the end of the data section, aligned to
+    ``general.alignment``. ``name`` present: that tensor's data bytes are replaced in the copy
+    (``shape`` and ``ggml_type`` must be the source tensor's; its record is kept). ``shape`` in
+    ggml order (ne[0] first); ``data`` the raw bytes, in the file's byte order, of exactly the
+    tensor's size (a type gguf-py knows)."""
+
+    name: str
+    shape: tuple[int, ...]
+    ggml_type: int
+    data: bytes
+
+
 @dataclass
 class Header:
     """A parsed GGUF header. Raw records stay in the file; only their offsets are kept."""
@@ -256,6 +279,8 @@ class WriteResult:
     removed: tuple[str, ...] = ()  #: keys of the source not in the result (reserved key included)
     description: str | None = None  #: ``write_rope_metadata``: the method written, in words
     notes: tuple[str, ...] = ()  #: remarks for the user (e.g. stock rope scaling also present)
+    tensors_appended: tuple[str, ...] = ()  #: names of the tensors appended (:class:`TensorWrite`)
+    tensors_replaced: tuple[str, ...] = ()  #: names of the tensors whose data was replaced
 
 
 # --------------------------------------------------------------------------- helpers
@@ -911,8 +936,12 @@ class _Plan:
     reserved: int | None
 
 
-def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iterable[str], *, reserve: bool, keep_offset: bool) -> _Plan:
+def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iterable[str], *, reserve: bool, keep_offset: bool,
+          extra_infos: bytes = b"", n_new: int = 0) -> _Plan:
     """The segments of the new header.
+
+    ``extra_infos``: the packed tensor-info records of ``n_new`` appended tensors
+    (:func:`_tensor_plan`), written after the source's records; the tensor count includes them.
 
     With ``reserve`` (``set``): the fixed header, the keys set (in ``set_``'s order), the
     reserved key, then every other record of the source in its order, then the tensor
@@ -928,8 +957,8 @@ def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iter
     if reserve:
         front = [_pack_kv(e, name, vt, val) for name, (vt, val) in set_.items()]
         rest = [(kv.start, kv.end) for kv in h.kvs if kv.key not in drop and kv.key not in set_]
-        fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, len(front) + 1 + len(rest))
-        base = len(fixed) + sum(map(len, front)) + sum(_seg_len(r) for r in rest) + _seg_len(ti)
+        fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count + n_new, len(front) + 1 + len(rest))
+        base = len(fixed) + sum(map(len, front)) + sum(_seg_len(r) for r in rest) + _seg_len(ti) + len(extra_infos)
         over = _reserved_overhead(e)
         if keep_offset and base + over <= h.data_offset:
             end = h.data_offset
@@ -938,7 +967,7 @@ def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iter
             want = base + over + MIN_ROOM
             end = want + (h.data_offset - want) % mod
         n = end - base - over
-        return _Plan([fixed, *front, _pack_reserved(e, n), *rest, ti], end, n)
+        return _Plan([fixed, *front, _pack_reserved(e, n), *rest, ti, *([extra_infos] if extra_infos else [])], end, n)
     records: list[Any] = []
     done: set[str] = builtins.set()
     for kv in h.kvs:
@@ -951,10 +980,62 @@ def _plan(h: Header, set_: Mapping[str, tuple[GGUFValueType, Any]], remove: Iter
         else:
             records.append((kv.start, kv.end))
     records += [_pack_kv(e, name, vt, val) for name, (vt, val) in set_.items() if name not in done]
-    fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count, len(records))
-    base = len(fixed) + sum(_seg_len(r) for r in records) + _seg_len(ti)
+    fixed = struct.pack("<I", GGUF_MAGIC) + struct.pack(e + "IQQ", h.version, h.tensor_count + n_new, len(records))
+    base = len(fixed) + sum(_seg_len(r) for r in records) + _seg_len(ti) + len(extra_infos)
     end = _align(base, h.alignment)
-    return _Plan([fixed, *records, ti, bytes(end - base)], end, None)
+    return _Plan([fixed, *records, ti, *([extra_infos] if extra_infos else []), bytes(end - base)], end, None)
+
+
+def _tensor_plan(h: Header, writes: Iterable[TensorWrite]
+                 ) -> tuple[list[tuple[TensorWrite, int]], list[tuple[TensorWrite, int]], bytes, list[TensorInfo], int]:
+    """Where the tensors of ``writes`` go: ``(appended, replaced, infos, tensors, data_len)``.
+
+    ``appended``/``replaced``: (tensor, offset relative to the data section); appended tensors
+    start at the end of the source's data section (``file_size - data_offset``) rounded up to
+    the alignment, one after the other, each aligned; ``infos`` their packed tensor-info records
+    (the file's byte order); ``tensors`` the tensor infos the new file must read back with;
+    ``data_len`` the length of its data section (the source's when nothing is appended, else up
+    to the aligned end of the last appended tensor). Each write is checked: a known ggml type,
+    1..4 dimensions, data of exactly the tensor's size, and for a replacement the source
+    tensor's shape and type."""
+    e = h.endian
+    by_name = {t.name: t for t in h.tensors}
+    appended: list[tuple[TensorWrite, int]] = []
+    replaced: list[tuple[TensorWrite, int]] = []
+    infos = bytearray()
+    tensors = list(h.tensors)
+    data_len = max(0, h.file_size - h.data_offset)
+    end = _align(data_len, h.alignment)
+    seen: set[str] = builtins.set()
+    for w in writes:
+        if not isinstance(w.name, str) or not w.name or w.name in seen:
+            raise GGUFRopeError(f"internal error: invalid or repeated tensor name {w.name!r}")
+        seen.add(w.name)
+        shape = tuple(int(d) for d in w.shape)
+        if not 1 <= len(shape) <= GGML_MAX_DIMS or any(d < 1 for d in shape):
+            raise GGUFRopeError(f"cannot write tensor {w.name!r}: shape {shape}")
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(w.ggml_type)]
+        except (ValueError, KeyError):
+            raise GGUFRopeError(f"cannot write tensor {w.name!r}: unknown ggml type {w.ggml_type}") from None
+        if shape[0] % block:
+            raise GGUFRopeError(f"cannot write tensor {w.name!r}: ne[0] = {shape[0]} is not a multiple of {block}")
+        nbytes = math.prod(shape) // block * type_size
+        if len(w.data) != nbytes:
+            raise GGUFRopeError(f"internal error: tensor {w.name!r} needs {nbytes} bytes of data, got {len(w.data)}")
+        old = by_name.get(w.name)
+        if old is not None:
+            if old.shape != shape or old.ggml_type != int(w.ggml_type):
+                raise GGUFRopeError(f"{_show(h.path)}: tensor {w.name!r} has shape {old.shape} and ggml type "
+                                    f"{old.ggml_type}; its new data must have the same (got {shape}, {int(w.ggml_type)})")
+            replaced.append((w, old.offset))
+            continue
+        appended.append((w, end))
+        infos += _pack_string(e, w.name) + struct.pack(e + "I", len(shape)) + struct.pack(e + f"{len(shape)}Q", *shape)
+        infos += struct.pack(e + "IQ", int(w.ggml_type), end)
+        tensors.append(TensorInfo(w.name, shape, int(w.ggml_type), end, nbytes))
+        end = _align(end + nbytes, h.alignment)
+    return appended, replaced, bytes(infos), tensors, (end if appended else data_len)
 
 
 _CFR_FALLBACK = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF, errno.EPERM}
@@ -1265,7 +1346,11 @@ def _rewrite(
     reserve: bool,
 ) -> WriteResult:
     """Rewrite ``src`` into ``dst`` (None or the same file: in place) with the keys that
-    ``build(header)`` returns as ``(set, remove)``."""
+    ``build(header)`` returns as ``(set, remove)``, or ``(set, remove, tensors)`` where
+    ``tensors`` lists :class:`TensorWrite`: tensors appended (a new record after the source's
+    tensor infos, data after the source's data section) or whose data is replaced in the copy.
+    The source's data section is still copied as one block (:func:`_copy_data`); the new data is
+    then written over it or after it. A rewrite with tensors never takes the header-only path."""
     src_p, st = _stat_source(src)
     in_place = dst is None or _same_file(src_p, os.fspath(dst))
     if in_place:
@@ -1287,12 +1372,14 @@ def _rewrite(
         with open(src_fd, "rb", buffering=0, closefd=False) as f:
             st = os.fstat(src_fd)
             h = _parse(f, src_p, st)
-        set_, remove = build(h)
-        remove = list(remove)
-        plan = _plan(h, set_, remove, reserve=reserve, keep_offset=in_place)
+        built = build(h)
+        set_, remove = built[0], list(built[1])
+        writes = list(built[2]) if len(built) > 2 else []
+        appended, replaced, infos, tensors, data_len = _tensor_plan(h, writes)
+        plan = _plan(h, set_, remove, reserve=reserve, keep_offset=in_place, extra_infos=infos, n_new=len(appended))
         gone = builtins.set(remove) | {KEY_RESERVED}
         removed = tuple(kv.key for kv in h.kvs if kv.key in gone and kv.key not in set_ and not (reserve and kv.key == KEY_RESERVED))
-        if in_place and plan.header_len == h.data_offset:
+        if in_place and not writes and plan.header_len == h.data_offset:
             sweep_stale_temp_files(dst_p)
             fast = _rewrite_header_in_place(src_p, src_fd, h, plan)
             if fast is not None:
@@ -1310,12 +1397,14 @@ def _rewrite(
             assert n == plan.header_len
             data = h.file_size - h.data_offset if h.data_offset <= h.file_size else 0
             _copy_data(src_fd, out.fd, h.data_offset, plan.header_len, data, max(PAGE, h.alignment))
-            os.ftruncate(out.fd, plan.header_len + data)
+            for w, off in replaced + appended:  # over the copy, or after it (the gap reads as zeros)
+                _write_segments(src_fd, out.fd, [w.data], plan.header_len + off)
+            os.ftruncate(out.fd, plan.header_len + data_len)
             # check what was written before it replaces anything
             with open(out.fd, "rb", buffering=0, closefd=False) as g:
                 g.seek(0)
                 h2 = _parse(g, dst_p, os.fstat(out.fd))
-            if h2.data_offset != plan.header_len or h2.tensors != h.tensors:
+            if h2.data_offset != plan.header_len or h2.tensors != tensors:
                 raise GGUFRopeError(f"internal error: the header written for {_show(dst_p)} does not read back")
             out.commit()
         except BaseException as e:
@@ -1323,7 +1412,9 @@ def _rewrite(
             if isinstance(e, OSError):
                 raise _os_error(e, "cannot write", dst_p) from None
             raise
-        return WriteResult(dst_p, False, plan.header_len, h.data_offset, plan.header_len, data, plan.reserved, removed)
+        return WriteResult(dst_p, False, plan.header_len, h.data_offset, plan.header_len, data, plan.reserved, removed,
+                           tensors_appended=tuple(w.name for w, _ in appended),
+                           tensors_replaced=tuple(w.name for w, _ in replaced))
     except OSError as e:
         raise _os_error(e, "cannot read", src_p) from None
     finally:

@@ -137,6 +137,16 @@ def table_ntk(n_dims: int, factor: float, exponent: float) -> np.ndarray:
     return float(factor) ** (2.0 * _pairs(n_dims) / (n_dims - 2))
 
 
+def ntk_freq_base(freq_base: float, n_dims: int, factor: float) -> float:
+    """β·k^(d/(d-2)): the rope base whose plain RoPE is NTK-aware scaling, the table of
+    :func:`table_ntk` as a new base, since (β·k^(d/(d-2)))^(-2i/d) = β^(-2i/d) / k^(2i/(d-2)).
+    What an engine without the patch can carry in ``{arch}.rope.freq_base``
+    (:mod:`ggufrope.stock`). ``ValueError`` for k < 1 or d odd or < 4."""
+    if n_dims < 4 or n_dims % 2:
+        raise ValueError(f"n_dims must be even and >= 4, got {n_dims}")
+    return float(freq_base) * check_factor(factor) ** (n_dims / (n_dims - 2.0))
+
+
 def table_ntk_fixed(n_dims: int, factor: float, exponent: float) -> np.ndarray:
     """ff_i = λ^(i+1), λ = k^(2/d): seed 000 eq. 5 (NTK-RoPE-fixed),
     θ_m = n / (λ (βλ)^(m-1)) for digit m = i+1, i.e. base βλ and the period of every digit
