@@ -182,6 +182,11 @@ def _dynamic_options(left_out: str) -> Any:
 @_dynamic_options("Left out: the key is not written, and the library's default applies.")
 @click.option("-o", "--output", metavar="OUT", default=None, help="Write the result to OUT (atomically; an existing OUT is replaced).")
 @click.option("--in-place", is_flag=True, help="Rewrite MODEL itself (header only when it fits).")
+@click.option("--stock", is_flag=True,
+              help="Write a stock-readable copy instead (ollama, LM Studio, stock llama.cpp): the method with the "
+              "fixed k of -k as a rope_freqs table (llama family; any NTK-family method) or as the rope base "
+              "(NTK-aware only, other architectures), context_length = k*L; needs -k K and -o OUT. Lost: log-n, "
+              "dynamic k.")
 def set_cmd(
     model: str,
     method: str,
@@ -192,6 +197,7 @@ def set_cmd(
     dynamic_ratio: float | None,
     output: str | None,
     in_place: bool,
+    stock: bool,
 ) -> None:
     """Write the context-extension method into MODEL's metadata.
 
@@ -202,15 +208,35 @@ def set_cmd(
     {arch}.attention.logn_scaling (BOOL); ggufrope keys of an earlier `set` that this
     call does not write are removed. Tensor data is copied byte-identical; a re-set
     --in-place only rewrites header bytes.
+
+    Stock engines ignore these keys. --stock writes a copy they apply instead: for one
+    fixed k, rope_freqs.weight (llama, arcee, apertus, deci, exaone, granite, mistral3) or
+    {arch}.rope.freq_base (method ntk, other architectures), {arch}.context_length = k*L
+    and {arch}.rope.scaling.original_context_length = L; no ggufrope method keys.
     """
+    from . import stock as S
+
+    if stock:
+        if in_place:
+            raise GGUFRopeError("--stock writes a new file: give -o OUT instead of --in-place (the source is never modified)")
+        S.check_request(method, factor, exponent, logn=logn, dynamic=dynamic, dynamic_ratio=dynamic_ratio)
+        dst = _destination(model, output, in_place)
+        r, e = S.export_stock(model, dst, method=method, factor=factor, exponent=exponent)
+        _report(r, model, f"stock export: {e.what}")
+        click.echo(f"ggufrope: note: lost in a stock file: {S.LOST} (one k = {e.factor:g} at every position, "
+                   "within L too)", err=True)
+        return
     from .gguf_file import write_rope_metadata
 
     dst = _destination(model, output, in_place)
+    S.refuse_exported(model, "ggufrope set")
     r = write_rope_metadata(model, dst, method=method, factor=factor, exponent=exponent, logn=logn, dynamic=dynamic,
                             dynamic_ratio=dynamic_ratio)
     for note in r.notes:
         click.echo(f"ggufrope: note: {note}", err=True)
     _report(r, model, r.description or method)
+    click.echo("ggufrope: note: stock engines (ollama, LM Studio, stock llama.cpp) ignore these keys and run plain "
+               "RoPE beyond L; for them write a copy with: ggufrope set MODEL -m METHOD -k K --stock -o OUT", err=True)
 
 
 @main.command("reset", context_settings=_CONTEXT)
@@ -334,11 +360,16 @@ _DEVICE_OPTIONS = [
 ]
 
 
-def _run_options(f: Any) -> Any:
-    """Options shared by the commands that load a model (method, context, device)."""
+def _run_options(n_ctx_default: str) -> Any:
+    """Options shared by the commands that load a model (method, context, device);
+    ``n_ctx_default`` says what leaving -c out gives."""
+    return lambda f: _add_run_options(f, n_ctx_default)
+
+
+def _add_run_options(f: Any, n_ctx_default: str) -> Any:
     opts = [
-        click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True,
-                     help="Context size n_ctx in tokens."),
+        click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=None,
+                     help=f"Context size n_ctx in tokens.  [default: {n_ctx_default}]"),
         click.option("-m", "--method", default=None, metavar="METHOD", help=_RUN_METHOD_HELP),
         click.option("-k", "--factor", type=float, default=None, metavar="K",
                      help="Factor k >= 1 for --method. Left out: auto (the NTK family: dynamic k unless "
@@ -380,19 +411,26 @@ def _load(model: str, n_ctx: int, method: str | None, factor: float | None, expo
               help="Tokens to generate.")
 @click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (temp > 0).")
-@_run_options
+@_run_options("the prompt's tokens + -n, rounded up to a multiple of 256, at least 512")
 def generate_cmd(model: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float,
-                 seed: int, **run: Any) -> None:
+                 seed: int, n_ctx: int | None, **run: Any) -> None:
     """Generate a continuation of a (long) prompt with MODEL.
 
-    The prompt is evaluated in n_batch chunks with a progress bar; the continuation is
-    streamed to stdout, timings go to stderr. Greedy by default, so the output is
-    deterministic.
+    The prompt is evaluated in n_batch chunks with a progress bar (prompts longer than one
+    batch); the continuation is streamed to stdout, timings go to stderr. Greedy by default,
+    so the output is deterministic. Without -c the context fits the prompt and -n.
     """
-    from .generate import generate, read_prompt
+    from .generate import count_tokens, fit_n_ctx, generate, read_prompt
 
     text = read_prompt(prompt, prompt_file)
-    llm = _load(model, **run)
+    sized = None
+    if n_ctx is None:
+        n_prompt = count_tokens(model, text, verbose=run["verbose"])
+        n_ctx = fit_n_ctx(n_prompt, n_predict)
+        sized = f"the prompt's {n_prompt} tokens + -n {n_predict}, rounded up (-c N to choose)"
+    llm = _load(model, n_ctx, **run)
+    if sized:
+        click.echo(f"[ggufrope] n_ctx {n_ctx}: {sized}", err=True)
     for piece in generate(llm, text, n_predict=n_predict, temp=temp, seed=seed, progress=True):
         click.echo(piece, nl=False)
     click.echo()
@@ -402,43 +440,91 @@ def generate_cmd(model: str, prompt: str | None, prompt_file: str | None, n_pred
         click.echo(f"[ggufrope] after generation: {describe(llm)}", err=True)
 
 
+_CHAT_COMMANDS = "/reset clears the conversation (the system prompt and the document stay), /exit or Ctrl-D ends it"
+
+
 @main.command("chat", context_settings=_CONTEXT)
 @click.argument("model", metavar="MODEL")
 @click.option("-f", "--file", "doc_file", type=click.Path(dir_okay=False), default=None,
-              help="A document to put in the conversation first (a long context to ask about).")
+              help="A document to put in the conversation first (a long context to ask about); it is prefilled "
+              "before the first question.")
 @click.option("-s", "--system", default=None, help="System prompt.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=1), default=256, show_default=True,
               help="Maximum tokens per answer.")
 @click.option("--temp", type=float, default=0.0, show_default=True, help="Temperature; 0 is greedy.")
-@_run_options
-def chat_cmd(model: str, doc_file: str | None, system: str | None, n_predict: int, temp: float, **run: Any) -> None:
-    """Chat with MODEL in the terminal, with its chat template. Ctrl-D or /exit ends it."""
-    from .generate import chat_turn, read_prompt
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed (temp > 0).")
+@click.option("--progress/--no-progress", default=None,
+              help="A prefill progress bar (with ETA) on stderr when more than one batch is evaluated.  "
+              "[default: when stderr is a terminal]")
+@_run_options("with -f, the document's tokens + 4096 for the conversation, rounded up to a multiple of 256; "
+              "else 4096")
+def chat_cmd(model: str, doc_file: str | None, system: str | None, n_predict: int, temp: float, seed: int,
+             progress: bool | None, n_ctx: int | None, **run: Any) -> None:
+    """Chat with MODEL in the terminal, in its chat template (the GGUF's, else ChatML; the
+    one in use is named on start).
 
-    llm = _load(model, **run)
-    messages: list[dict[str, str]] = []
-    if system:
-        messages.append({"role": "system", "content": system})
+    Each turn evaluates only what the KV cache lacks (a document is prefilled once). A turn
+    that would overflow the context (conversation + -n > n_ctx) is refused with a message and
+    the chat goes on. /reset clears the conversation (the system prompt and the document
+    stay); /exit, /quit or Ctrl-D ends it.
+    """
+    from .generate import CHAT_BUDGET, N_CTX_DEFAULT, Chat, ContextFull, count_tokens, fit_n_ctx, read_prompt
+
+    try:
+        import readline  # noqa: F401  (line editing and history for the prompt)
+    except ImportError:  # pragma: no cover - platforms without readline
+        pass
     doc = read_prompt(None, doc_file) if doc_file else None
+    sized = "as given by -c"
+    if n_ctx is None:
+        if doc is None:
+            n_ctx = N_CTX_DEFAULT
+            sized = "the default without a document (-c N to choose)"
+        else:
+            n_doc = count_tokens(model, doc, verbose=run["verbose"])
+            n_ctx = fit_n_ctx(n_doc, CHAT_BUDGET)
+            sized = f"the document's {n_doc} tokens + {CHAT_BUDGET} for the conversation, rounded up (-c N to choose)"
+    if progress is None:
+        progress = sys.stderr.isatty()
+    llm = _load(model, n_ctx, **run)
+    chat = Chat(llm, system=system, document=doc, n_predict=n_predict, temp=temp, seed=seed, progress=progress)
+    click.echo(f"[ggufrope] n_ctx {chat.n_ctx}: {sized}", err=True)
+    click.echo(f"[ggufrope] {chat.template.line()}", err=True)
+    if doc is not None:
+        click.echo(f"[ggufrope] prefilling the document ({chat.document_tokens} tokens with the template)", err=True)
+        chat.prefill_document()
+    click.echo(f"[ggufrope] {_CHAT_COMMANDS}", err=True)
     while True:
         try:
             line = click.prompt("you", prompt_suffix="> ", default="", show_default=False)
         except (EOFError, click.Abort):
             click.echo()
             return
-        if line.strip() in ("/exit", "/quit"):
+        cmd = line.strip()
+        if cmd in ("/exit", "/quit"):
             return
-        if not line.strip():
+        if cmd == "/reset":
+            chat.reset()
+            click.echo("[ggufrope] conversation cleared" + (" (the document stays)" if doc is not None else ""),
+                       err=True)
             continue
-        content = f"{doc}\n\n{line}" if doc is not None and not any(m["role"] == "user" for m in messages) else line
-        messages.append({"role": "user", "content": content})
-        click.echo("model> ", nl=False)
-        answer = []
-        for piece in chat_turn(llm, messages, n_predict=n_predict, temp=temp):
-            answer.append(piece)
-            click.echo(piece, nl=False)
-        click.echo()
-        messages.append({"role": "assistant", "content": "".join(answer)})
+        if cmd in ("/help", "/?") or (cmd.startswith("/") and " " not in cmd and len(cmd) > 1 and cmd[1].isalpha()):
+            click.echo(f"[ggufrope] {_CHAT_COMMANDS}", err=True)
+            continue
+        if not cmd:
+            continue
+        try:
+            stream = chat.ask(line)  # refused (ContextFull) or prefilled here, before any output
+            click.echo("model> ", nl=False)
+            for piece in stream:
+                click.echo(piece, nl=False)
+            click.echo()
+        except ContextFull as e:
+            click.echo(f"ggufrope: {e}", err=True)
+        except GGUFRopeError as e:  # a conversation the template cannot render: this turn only
+            click.echo(f"ggufrope: error: {e}", err=True)
+        except KeyboardInterrupt:
+            click.echo("\n[ggufrope] interrupted", err=True)
 
 
 # --- evaluation: perplexity, passkey retrieval, the comparison grid --------------------------
