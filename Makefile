@@ -24,10 +24,12 @@ NPROC    := $(shell nproc)
 
 all: build
 
+# extras: test, eval, and server = what `python -m llama_cpp.server` imports, listed by name: never
+# llama-cpp-python[server], which could build a stock library over the patched one
 $(VENV)/.deps: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,eval]'
+	$(PY) -m pip install --quiet -e '.[test,eval,server]'
 	touch $@
 
 venv: $(VENV)/.deps

@@ -46,7 +46,7 @@ fi
 
 OUT=$BUILD/cmake-tools-$FLAVOR
 GEN=(); command -v ninja >/dev/null && GEN=(-G Ninja)
-say "configuring $OUT ($FLAVOR${UI:+, UI=$UI})"
+say "configuring $OUT ($FLAVOR, $([ "$UI" = 1 ] && echo "with the web UI" || echo "no web UI"))"
 cmake -S "$LLAMA" -B "$OUT" "${GEN[@]}" "${ARGS[@]}" >"$BUILD/cmake-tools-$FLAVOR.configure.log" 2>&1 \
     || { tail -n 30 "$BUILD/cmake-tools-$FLAVOR.configure.log" >&2; die "cmake configure failed (log: $BUILD/cmake-tools-$FLAVOR.configure.log)"; }
 t0=$(date +%s)
