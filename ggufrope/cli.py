@@ -323,17 +323,55 @@ def _show_text(meta: dict[str, Any]) -> str:
 @main.command("show", context_settings=_CONTEXT)
 @click.argument("model", metavar="MODEL")
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def show_cmd(model: str, as_json: bool) -> None:
+@click.option("--override-kv", "override_kv", is_flag=True,
+              help="Print, on one shell-quoted line, the llama.cpp flags that select MODEL's method on a plain copy "
+              "of the model: --override-kv KEY=TYPE:VALUE for exactly the ggufrope keys in MODEL, or for the "
+              "method chosen with -m/-k/--b/--logn/--dynamic (chosen as `generate` chooses it at load time).")
+@click.option("--override-kv-format", "override_format", type=click.Choice(["llama", "python"]), default=None,
+              help="With --override-kv (implies it): llama (llama-server, llama-cli, llama-perplexity: "
+              "--override-kv S, repeated) or python (python -m llama_cpp.server: --kv_overrides S1 S2 ..., one "
+              "flag).  [default: llama]")
+@click.option("-m", "--method", default=None, metavar="METHOD",
+              help="With --override-kv: the method to select (none, ntk, ntk-fixed, ntk-mixed/mixed) instead of "
+              "MODEL's own keys.")
+@click.option("-k", "--factor", type=float, default=None, metavar="K",
+              help="With --override-kv --method: factor k >= 1 (left out: auto, dynamic k unless --static).")
+@click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
+              help="With --override-kv --method ntk-mixed: exponent b, 0 < b <= 1.  [default: 0.625]")
+@click.option("--logn/--no-logn", default=None,
+              help="With --override-kv: log-n query scaling beyond L (alone, it keeps MODEL's method, k and b).")
+@_dynamic_options("With --override-kv; left out: as --method's default (MODEL's keys without --method).")
+def show_cmd(model: str, as_json: bool, override_kv: bool, override_format: str | None, method: str | None,
+             factor: float | None, exponent: float | None, logn: bool | None, dynamic: bool | None,
+             dynamic_ratio: float | None) -> None:
     """Print MODEL's rope metadata and the active method.
 
     Shows the architecture, the trained context L ({arch}.rope.scaling.original_context_length,
     else {arch}.context_length), freq_base, the rope dimensions, stock llama.cpp scaling keys,
     the ggufrope keys and the method they select.
+
+    With --override-kv, prints instead the flags that run MODEL's method on a plain copy of the
+    model, e.g. `llama-server -m plain.gguf $(ggufrope show --override-kv set.gguf)`, or
+    `python -m llama_cpp.server --model plain.gguf $(ggufrope show --override-kv-format python
+    set.gguf)` (the patched library reads the overridden keys as if the file had them).
     """
     from .gguf_file import read_rope_metadata
 
+    chosen = any(x is not None for x in (method, factor, exponent, logn, dynamic, dynamic_ratio))
+    override_kv = override_kv or override_format is not None
+    if chosen and not override_kv:
+        raise GGUFRopeError("-m/-k/--b/--logn/--dynamic choose the method for --override-kv; "
+                            "`show` alone prints MODEL's own metadata")
+    if override_kv and as_json:
+        raise GGUFRopeError("--override-kv prints command-line flags, --json the metadata: choose one")
     meta = read_rope_metadata(model)
-    if as_json:
+    if override_kv:
+        from . import override_kv as O
+
+        got = O.choice_overrides(meta, method, factor, exponent, logn, dynamic, dynamic_ratio) if chosen else None
+        kv, params = got if got is not None else (O.file_overrides(meta), {})
+        click.echo(O.command_line(O.flags(kv, meta["architecture"], override_format or "llama", params)))
+    elif as_json:
         click.echo(json.dumps(_jsonable(meta), indent=2))
     else:
         click.echo(_show_text(meta))
