@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
@@ -44,6 +45,49 @@ def compile_c(source: str | Path, exe: Path, *flags: str, libs: tuple[str, ...] 
                     *(f"-l{x}" for x in libs), f"-Wl,-rpath,{lib}", "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     return exe
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """Terminate ``proc`` (a server a test started), kill it after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def stock_child_setup() -> None:
+    """In a subprocess that loads the UNPATCHED build (LLAMA_CPP_LIB_PATH=build/stock-lib), before
+    any model is loaded: on AMX hosts keep the weights in the plain CPU buffer type, since stock
+    llama.cpp crashes in its AMX buffer type there (upstream issue #20824, fixed in the patch
+    series only); the tests that use it are about rope, not buffer types."""
+    if "amx" not in Path("/proc/cpuinfo").read_text():
+        return
+    import llama_cpp.llama_cpp as lc
+
+    default_params = lc.llama_model_default_params
+
+    def _params():
+        p = default_params()
+        p.use_extra_bufts = False
+        return p
+
+    lc.llama_model_default_params = _params
+
+
+def mapped_llama_libs() -> list[str]:
+    """The libllama / libggml files this process has mapped (which build it really loaded)."""
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    return sorted({ln.split()[-1] for ln in maps if "/lib" in ln and ("libllama" in ln or "libggml" in ln)})
 
 
 def write_test_gguf(

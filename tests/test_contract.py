@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PATCHED_SRC, PINNED_SDIST, PINNED_VERSION
+from conftest import PATCHED_SRC, PINNED_SDIST, PINNED_VERSION, mapped_llama_libs, stock_child_setup
 from ggufrope import keys as K
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,26 +108,13 @@ def _stock_child(job_path: str) -> None:
 
     job = json.loads(Path(job_path).read_text())
     import llama_cpp
-    import llama_cpp.llama_cpp as lc
 
-    if "amx" in Path("/proc/cpuinfo").read_text():
-        # stock llama.cpp crashes in its AMX buffer type on such hosts (upstream issue #20824, fixed
-        # in the patch series only): the contract under test is about the keys, so keep weights
-        # in the plain CPU buffer type there
-        default_params = lc.llama_model_default_params
-
-        def _params():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        lc.llama_model_default_params = _params
+    stock_child_setup()
     from ggufrope import runtime
 
     report: dict = {"library_version": runtime.library_version(), "is_patched": runtime.is_patched(),
                     "llama_cpp_lib_path": os.environ.get("LLAMA_CPP_LIB_PATH")}
-    maps = Path("/proc/self/maps").read_text().splitlines()
-    report["mapped"] = sorted({ln.split()[-1] for ln in maps if "/lib" in ln and ("libllama" in ln or "libggml" in ln)})
+    report["mapped"] = mapped_llama_libs()
 
     def run(path, tokens, kv_overrides=None):
         llm = llama_cpp.Llama(model_path=path, n_ctx=len(tokens), n_batch=len(tokens), n_ubatch=len(tokens),

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import free_port, stop_process
 from ggufrope import keys as Kk
 from test_reference_forward import K, N_CTX, tokens_for
 from tiny_models import write_tiny_llama
@@ -66,18 +67,12 @@ llm.close()
 _NODE = re.compile(r"node #\s*\d+ \(\s*ROPE\):\s+(\S+) \([^)]*\) \[\s*(\S+)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class _Server:
     """One ggml-rpc-server on 127.0.0.1, stopped by the test."""
 
     def __init__(self, exe: Path, log: Path):
         assert exe.is_file(), f"{exe} is missing: run make tools (patched) / make stock (unpatched)"
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self.log = log
         self._f = open(log, "w")
@@ -94,12 +89,7 @@ class _Server:
                 time.sleep(0.1)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, timeout=10)
         self._f.close()
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from conftest import free_port, stop_process
 
 pytestmark = pytest.mark.real_model
 
@@ -88,12 +89,6 @@ def prompt(model: Path) -> str:
     return text + "\n\nIn one sentence: what is this text about?"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """A server process on 127.0.0.1:port, its stdout and stderr in ``log``."""
 
@@ -128,13 +123,7 @@ class Server:
         return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, timeout=20)
         self._f.close()
 
 
@@ -143,7 +132,7 @@ def _serve(argv_of_port, log: Path, ready_path: str, prompt: str):
     Returns (completion, server, seconds of the request); the server is stopped in any case."""
     from openai import OpenAI
 
-    port = _free_port()
+    port = free_port()
     srv = Server(argv_of_port(port), log, ready_path, port)
     try:
         client = OpenAI(base_url=srv.base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT, max_retries=0)

@@ -30,6 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import mapped_llama_libs, stock_child_setup
 from test_reference_forward import _overrides, rel_err, require_patched, run_llama_cpp, tokens_for
 from tiny_models import write_tiny_gemma3, write_tiny_llama, write_tiny_qwen2, write_tiny_qwen2vl
 
@@ -97,19 +98,8 @@ def _stock_child(job_path: str) -> None:
     every run (.npy) and a report: the patch version the process sees and the libraries it mapped."""
     job = json.loads(Path(job_path).read_text())
     import llama_cpp
-    import llama_cpp.llama_cpp as lc
 
-    if "amx" in Path("/proc/cpuinfo").read_text():
-        # stock llama.cpp crashes in its AMX buffer type on such hosts (upstream issue #20824, fixed in the
-        # patch series only), as in tests/test_contract.py: weights in the plain CPU buffer type
-        default_params = lc.llama_model_default_params
-
-        def _params():
-            p = default_params()
-            p.use_extra_bufts = False
-            return p
-
-        lc.llama_model_default_params = _params
+    stock_child_setup()
     from ggufrope import runtime
 
     for r in job["runs"]:
@@ -124,10 +114,9 @@ def _stock_child(job_path: str) -> None:
                 np.save(r["out"], np.array(llm.scores[:n], dtype=np.float64))
         finally:
             llm.close()
-    maps = Path("/proc/self/maps").read_text().splitlines()
     Path(job["report"]).write_text(json.dumps({
         "library_version": runtime.library_version(),
-        "mapped": sorted({ln.split()[-1] for ln in maps if "libllama" in ln or "libggml" in ln}),
+        "mapped": mapped_llama_libs(),
     }))
 
 
