@@ -217,7 +217,7 @@ def _params():
 lc.llama_model_default_params = _params  # Llama() takes its model params from here
 
 from ggufrope.corpus import demo_text
-from ggufrope.evaluate import Decoder, token_nll
+from ggufrope.evaluation.decoder import Decoder, token_nll
 
 threads = max(2, os.cpu_count() or 2)  # at least one worker thread of the ggml threadpool
 llm = llama_cpp.Llama(model, n_ctx=n, n_batch=n, n_ubatch=n, n_threads=threads, n_threads_batch=threads,

@@ -29,7 +29,7 @@ import gguf
 import pytest
 from click.testing import CliRunner
 
-from ggufrope import evaluate as E
+from ggufrope.evaluation import cache as EC, decoder as ED, grid as EG, report as ER
 from ggufrope import gguf_file as G
 from ggufrope import keys as K
 from ggufrope import methods as M
@@ -116,7 +116,7 @@ def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monke
     kv = R.llama_kwargs(R.RopeChoice("ntk"), "llama", 16384, 8192)["kv_overrides"]
     assert kv["llama.rope.ntk.dynamic"] is True and kv["llama.rope.ntk.factor"] == 0.0
     # the evaluation always passes an explicit choice: static unless --dynamic
-    assert E.Setting("ntk-mixed").dynamic is False and E.Setting("ntk-mixed").resolved_factor(16384, 8192) == 2.0
+    assert ED.Setting("ntk-mixed").dynamic is False and ED.Setting("ntk-mixed").resolved_factor(16384, 8192) == 2.0
 
     monkeypatch.setattr(M, "DYNAMIC_DEFAULT", False)
     meta = G.read_rope_metadata(auto)
@@ -484,37 +484,37 @@ FP = {"sha256": "ab" * 32, "size": 1234}
 
 
 def test_eval_settings_and_labels() -> None:
-    st = E.Setting.for_grid("ntk-mixed", 3.0, 0.625, True, True)
+    st = ED.Setting.for_grid("ntk-mixed", 3.0, 0.625, True, True)
     assert st.dynamic is True and st.factor is None and st.resolved_factor(16384, 8192) is None
     assert st.label() == "ntk-mixed (b=0.625) dyn + log-n" and st.label(16384, 8192) == "ntk-mixed (b=0.625) dyn + log-n"
-    assert E.Setting("ntk", dynamic=True).label(200, 64) == "ntk dyn"
-    assert E.Setting("ntk").label(200, 64) == "ntk k=3.125"
-    assert E.Setting("ntk", logn=True).dynamic is False
+    assert ED.Setting("ntk", dynamic=True).label(200, 64) == "ntk dyn"
+    assert ED.Setting("ntk").label(200, 64) == "ntk k=3.125"
+    assert ED.Setting("ntk", logn=True).dynamic is False
     for bad, msg in ((("none", None, None, False, True), "not 'none'"),
                      (("ntk", 2.0, None, False, True), "leave the factor k out")):
         with pytest.raises(GGUFRopeError, match=msg):
-            E.Setting(*bad)
-    assert E.grid_configs([16384], ["none", "ntk"], [False, True], [False, True]) == [
+            ED.Setting(*bad)
+    assert EG.grid_configs([16384], ["none", "ntk"], [False, True], [False, True]) == [
         (16384, "none", False, False), (16384, "none", True, False),
         (16384, "ntk", False, False), (16384, "ntk", True, False),
         (16384, "ntk", False, True), (16384, "ntk", True, True),
     ]
-    assert E.grid_configs([16384], ["none", "yarn"], [False], [True]) == []
+    assert EG.grid_configs([16384], ["none", "yarn"], [False], [True]) == []
 
 
 def test_eval_unit_keys_of_static_and_dynamic_differ() -> None:
-    static = E.unit_key(E.Setting.for_grid("ntk-mixed", None, 0.625, False), 16384, 8192, FP)
+    static = EC.unit_key(ED.Setting.for_grid("ntk-mixed", None, 0.625, False), 16384, 8192, FP)
     assert static == {"eval_version": 1, "model": FP, "method": "ntk-mixed", "factor": 2.0, "exponent": 0.625,
                       "logn": False, "n_ctx": 16384, "n_ctx_orig": 8192}
-    dyn = E.unit_key(E.Setting.for_grid("ntk-mixed", None, 0.625, False, True), 16384, 8192, FP)
+    dyn = EC.unit_key(ED.Setting.for_grid("ntk-mixed", None, 0.625, False, True), 16384, 8192, FP)
     assert dyn == {"eval_version": 1, "model": FP, "method": "ntk-mixed", "factor": None, "exponent": 0.625,
                    "logn": False, "n_ctx": 16384, "n_ctx_orig": 8192, "dynamic": True, "dynamic_ratio": 2.0}
-    cache = E.Cache.__new__(E.Cache)
+    cache = EC.Cache.__new__(EC.Cache)
     cache.root = Path("/c")
     ps = {cache.path({**k, "kind": "ppl"}).name for k in (static, dyn)}
     assert len(ps) == 2
     assert any(p.startswith("ppl-ntk-mixed-16384-") for p in ps) and any(p.startswith("ppl-ntk-mixed-dyn-16384-") for p in ps)
-    ln = E.unit_key(E.Setting.for_grid("ntk", None, None, True, True), 16384, 8192, FP)
+    ln = EC.unit_key(ED.Setting.for_grid("ntk", None, None, True, True), 16384, 8192, FP)
     assert cache.path({**ln, "kind": "passkey"}).name.startswith("passkey-ntk-dyn-logn-16384-")
 
 
@@ -524,7 +524,7 @@ def test_the_published_cached_units_keep_their_keys() -> None:
     and the dynamic units (file names -dyn) carry dynamic true and the ratio 2."""
     files = sorted(p for p in (ROOT / "docs" / "results" / "cache").glob("*.json") if p.name != "model-sha256.json")
     assert files
-    cache = E.Cache.__new__(E.Cache)
+    cache = EC.Cache.__new__(EC.Cache)
     cache.root = files[0].parent
     for p in files:
         key = json.loads(p.read_text())["key"]
@@ -534,9 +534,9 @@ def test_the_published_cached_units_keep_their_keys() -> None:
         else:
             assert "dynamic" not in key and "dynamic_ratio" not in key, p.name
         # the unit's own k (auto k is stored resolved, so passing it back gives the same key)
-        st = E.Setting.for_grid(key["method"], key["factor"], key["exponent"] or M.DEFAULT_EXPONENT, key["logn"],
-                                **({"dynamic": True} if dyn else {}))
-        base = E.unit_key(st, key["n_ctx"], key["n_ctx_orig"], key["model"])
+        st = ED.Setting.for_grid(key["method"], key["factor"], key["exponent"] or M.DEFAULT_EXPONENT, key["logn"],
+                                 **({"dynamic": True} if dyn else {}))
+        base = EC.unit_key(st, key["n_ctx"], key["n_ctx_orig"], key["model"])
         assert base == {k: key[k] for k in base}, p.name
         assert cache.path(key) == p
 
@@ -552,7 +552,7 @@ def test_markdown_table_rows_for_dynamic_cells() -> None:
                     "exponent": 0.625, "trials": 0, "texts": [], "max_windows": 1, "score_from": None},
            "cells": [cell("none", False, False, 9.0), cell("ntk-mixed", False, False, 5.0),
                      cell("ntk-mixed", False, True, 4.0)]}
-    md = E.markdown_table(res)
+    md = ER.markdown_table(res)
     rows = [x for x in md.splitlines() if x.startswith("| ")]
     assert rows[1:] == ["| Baseline | 9.000 / – |", "| NTK-RoPE-mixed (b=0.625) | 5.000 / – |",
                         "| NTK-RoPE-mixed (b=0.625) dyn | 4.000 / – |"]
@@ -711,10 +711,10 @@ def test_a_dynamic_file_with_ratio(dyn_lib, tmp_path) -> None:
 
 def test_eval_load_model_dynamic(dyn_lib, tmp_path) -> None:
     m = _tiny(tmp_path, "t.gguf")
-    llm = E.load_model(m.path, E.Setting("ntk-mixed", dynamic=True, logn=True), 200, threads=2)
+    llm = ED.load_model(m.path, ED.Setting("ntk-mixed", dynamic=True, logn=True), 200, threads=2)
     assert llm.ggufrope.dynamic and llm.ggufrope.factor == 1.0 and R.dynamic_in_use(llm)
     del llm
-    llm = E.load_model(m.path, E.Setting("ntk-mixed"), 200, threads=2)  # static: k = 200 / 64 passed
+    llm = ED.load_model(m.path, ED.Setting("ntk-mixed"), 200, threads=2)  # static: k = 200 / 64 passed
     assert not llm.ggufrope.dynamic and llm.ggufrope.factor == 3.125
     del llm
 

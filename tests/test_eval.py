@@ -1,4 +1,4 @@
-"""The evaluation code (ggufrope/evaluate.py, `ggufrope eval ...`) on the real model at short contexts.
+"""The evaluation code (the package ggufrope/evaluation, `ggufrope eval ...`) on the real model at short contexts.
 
 a. Perplexity of method `none` at n_ctx <= L agrees within 1 % (in fact to ~1e-4) with
    llama.cpp's `llama-perplexity` protocol on the same tokens and windows. There is no
@@ -33,7 +33,8 @@ import math
 import numpy as np
 import pytest
 
-from ggufrope import evaluate as E
+from ggufrope.evaluation import cli as ECLI, decoder as ED, grid as EG, passkey as EPK, ppl as EP, report as ER
+from ggufrope.errors import GGUFRopeError
 
 pytestmark = pytest.mark.real_model
 
@@ -59,7 +60,7 @@ def text_slice():
 
 
 def test_passkey_prompt_format():
-    t = E.passkey_text(12345, 12, 0.5)
+    t = EPK.passkey_text(12345, 12, 0.5)
     lines = t.split("\n")
     assert lines[0] == ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                         "I will quiz you about the important information there.")
@@ -67,13 +68,13 @@ def test_passkey_prompt_format():
                                  "There and back again.", "The grass is green."])
     assert lines[2] == "The pass key is 12345. Remember it. 12345 is the pass key."
     assert lines[-1] == "What is the pass key? The pass key is"
-    assert E.passkey_text(1, 10, 0.0).split("\n")[1].startswith("The pass key is 1.")
-    assert E.passkey_text(1, 10, 1.0).split("\n")[-2].startswith("The pass key is 1.")
-    trials = E.passkey_trials(7, seed=3, depths=E.DEFAULT_DEPTHS)
-    assert trials == E.passkey_trials(7, seed=3, depths=E.DEFAULT_DEPTHS)  # fixed seed
+    assert EPK.passkey_text(1, 10, 0.0).split("\n")[1].startswith("The pass key is 1.")
+    assert EPK.passkey_text(1, 10, 1.0).split("\n")[-2].startswith("The pass key is 1.")
+    trials = EPK.passkey_trials(7, seed=3, depths=EPK.DEFAULT_DEPTHS)
+    assert trials == EPK.passkey_trials(7, seed=3, depths=EPK.DEFAULT_DEPTHS)  # fixed seed
     assert all(10000 <= k <= 99999 for k, _ in trials)
     assert [d for _, d in trials] == [0.0, 0.25, 0.5, 0.75, 1.0, 0.0, 0.25]
-    assert E.depth_bucket(0.13) == 0.25 and E.depth_bucket(0.1) == 0.0
+    assert EPK.depth_bucket(0.13) == 0.25 and EPK.depth_bucket(0.1) == 0.0
 
 
 def test_token_nll_is_float64_log_softmax():
@@ -82,18 +83,18 @@ def test_token_nll_is_float64_log_softmax():
     t = rng.integers(0, 1000, 300)
     x64 = x.astype(np.float64)
     ref = np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1)) + x64.max(1) - x64[np.arange(300), t]
-    np.testing.assert_allclose(E.token_nll(x, t, block=64), ref, rtol=1e-12)
+    np.testing.assert_allclose(ED.token_nll(x, t, block=64), ref, rtol=1e-12)
 
 
 def test_parsers():
-    assert E.parse_methods("all") == list(E.ALL_METHODS)
-    assert E.parse_methods("mixed,none,pi") == ["ntk-mixed", "none", "linear"]
-    assert E.parse_ints("16384, 32768") == [16384, 32768]
-    assert E.parse_depths("random") is None and E.parse_depths("0,1") == [0.0, 1.0]
-    assert E.parse_logn("both") == [False, True]
-    for bad in (lambda: E.parse_methods("rope9"), lambda: E.parse_ints("x"), lambda: E.parse_depths("2"),
-                lambda: E.parse_logn("maybe")):
-        with pytest.raises(E.GGUFRopeError):
+    assert ECLI.parse_methods("all") == list(EG.ALL_METHODS)
+    assert ECLI.parse_methods("mixed,none,pi") == ["ntk-mixed", "none", "linear"]
+    assert ECLI.parse_ints("16384, 32768") == [16384, 32768]
+    assert ECLI.parse_depths("random") is None and ECLI.parse_depths("0,1") == [0.0, 1.0]
+    assert ECLI.parse_logn("both") == [False, True]
+    for bad in (lambda: ECLI.parse_methods("rope9"), lambda: ECLI.parse_ints("x"), lambda: ECLI.parse_depths("2"),
+                lambda: ECLI.parse_logn("maybe")):
+        with pytest.raises(GGUFRopeError):
             bad()
 
 
@@ -133,14 +134,14 @@ def test_ppl_matches_llama_perplexity_protocol(patched_lib, smollm2, text_slice)
     n_ctx, n_chunks = 512, 2
     ref_ppl, ref_nll = reference_llama_perplexity(smollm2, text_slice, n_ctx, n_chunks)
 
-    llm = E.load_model(smollm2, E.Setting("none"), n_ctx, n_batch=128, threads=THREADS)
-    with E.Decoder(llm) as dec:
+    llm = ED.load_model(smollm2, ED.Setting("none"), n_ctx, n_batch=128, threads=THREADS)
+    with ED.Decoder(llm) as dec:
         per_token: list = []
-        ws = E.perplexity(dec, dec.tokenize(text_slice), n_ctx, E.n_ctx_orig_of(smollm2), max_windows=n_chunks,
-                          per_token=per_token)
+        ws = EP.perplexity(dec, dec.tokenize(text_slice), n_ctx, ED.n_ctx_orig_of(smollm2), max_windows=n_chunks,
+                           per_token=per_token)
     ours = np.concatenate([nll for _, nll in per_token])
     assert all((pos == np.arange(n_ctx // 2, n_ctx - 1)).all() for pos, _ in per_token)
-    s = E.summarize_windows(ws)
+    s = EP.summarize_windows(ws)
     assert s["n_windows"] == n_chunks and s["count"] == n_chunks * (n_ctx - n_ctx // 2 - 1) == len(ref_nll)
     assert s["ppl_beyond"] is None and s["count_beyond"] == 0  # n_ctx <= L: nothing beyond L
     rel = abs(s["ppl"] - ref_ppl) / ref_ppl
@@ -158,14 +159,14 @@ def test_ppl_matches_llama_perplexity_protocol(patched_lib, smollm2, text_slice)
 
 def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2):
     n_ctx = 1024
-    llm = E.load_model(smollm2, E.Setting("none"), n_ctx, n_batch=512, threads=THREADS)
-    with E.Decoder(llm) as dec:
-        r = E.passkey(dec, n_ctx, trials=10, seed=0)
+    llm = ED.load_model(smollm2, ED.Setting("none"), n_ctx, n_batch=512, threads=THREADS)
+    with ED.Decoder(llm) as dec:
+        r = EPK.passkey(dec, n_ctx, trials=10, seed=0)
         # control: the answer to a prompt holding key A, graded against key B
-        toks, _ = E.build_passkey_tokens(dec, 24680, 0.5, 256)
-        answer = E.greedy_answer(dec, toks)
+        toks, _ = EPK.build_passkey_tokens(dec, 24680, 0.5, 256)
+        answer = ED.greedy_answer(dec, toks)
     print(f"\npasskey @ {n_ctx}: {r['correct']}/{r['trials']}; by depth {r['by_depth']}")
-    assert all(n_ctx - E.DEFAULT_N_GEN - 8 <= row["prompt_tokens"] <= n_ctx - E.DEFAULT_N_GEN for row in r["rows"])
+    assert all(n_ctx - ED.DEFAULT_N_GEN - 8 <= row["prompt_tokens"] <= n_ctx - ED.DEFAULT_N_GEN for row in r["rows"])
     assert set(r["by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
     assert r["accuracy"] >= 0.8
     assert "24680" in answer and "13579" not in answer
@@ -181,24 +182,24 @@ L_SHORT = 100  # log-n's L, lowered through llama.cpp's own yarn_orig_ctx parame
 def all_logits(patched_lib, smollm2, text_slice):
     """Logits at every position of the same N_C tokens of real text, per configuration."""
     cfgs = {
-        "none": (E.Setting("none"), {}),
-        "none again": (E.Setting("none"), {}),
-        "linear": (E.Setting("linear", 2.0), {}),
-        "yarn": (E.Setting("yarn", 2.0), {}),
-        "ntk": (E.Setting("ntk", 2.0), {}),
-        "ntk-fixed": (E.Setting("ntk-fixed", 2.0), {}),
-        "ntk-mixed": (E.Setting("ntk-mixed", 2.0, 0.625), {}),
-        "ntk-mixed b=0.4": (E.Setting("ntk-mixed", 2.0, 0.4), {}),
-        "ntk-mixed b=1": (E.Setting("ntk-mixed", 2.0, 1.0), {}),
-        "ntk-mixed k=1": (E.Setting("ntk-mixed", 1.0, 0.625), {}),
-        "none+logn": (E.Setting("none", logn=True), {}),  # L = 8192: no position reaches it
-        "none+logn L=100": (E.Setting("none", logn=True), {"yarn_orig_ctx": L_SHORT}),
+        "none": (ED.Setting("none"), {}),
+        "none again": (ED.Setting("none"), {}),
+        "linear": (ED.Setting("linear", 2.0), {}),
+        "yarn": (ED.Setting("yarn", 2.0), {}),
+        "ntk": (ED.Setting("ntk", 2.0), {}),
+        "ntk-fixed": (ED.Setting("ntk-fixed", 2.0), {}),
+        "ntk-mixed": (ED.Setting("ntk-mixed", 2.0, 0.625), {}),
+        "ntk-mixed b=0.4": (ED.Setting("ntk-mixed", 2.0, 0.4), {}),
+        "ntk-mixed b=1": (ED.Setting("ntk-mixed", 2.0, 1.0), {}),
+        "ntk-mixed k=1": (ED.Setting("ntk-mixed", 1.0, 0.625), {}),
+        "none+logn": (ED.Setting("none", logn=True), {}),  # L = 8192: no position reaches it
+        "none+logn L=100": (ED.Setting("none", logn=True), {"yarn_orig_ctx": L_SHORT}),
     }
     out = {}
     toks = None
     for name, (st, kw) in cfgs.items():
-        llm = E.load_model(smollm2, st, N_C, n_batch=N_C, threads=THREADS, **kw)
-        with E.Decoder(llm) as dec:
+        llm = ED.load_model(smollm2, st, N_C, n_batch=N_C, threads=THREADS, **kw)
+        with ED.Decoder(llm) as dec:
             if toks is None:
                 toks = dec.tokenize(text_slice)[:N_C]
             buf = np.empty((N_C, dec.n_vocab), dtype=np.float32)
@@ -328,9 +329,9 @@ def test_published_results_are_the_cached_units(smollm2, tmp_path):
     g = pub["grid"]
     shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
                     ignore=shutil.ignore_patterns("model-sha256.json"))
-    texts = E.resolve_texts([t["name"] for t in g["texts"]])
+    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
     assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
-    res, stats = E.run_compare(
+    res, stats = EG.run_compare(
         smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], factor=g["factor"],
         exponent=g["exponent"], texts=texts, max_windows=g["max_windows"], score_from=g["score_from"],
         trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"], out_dir=tmp_path / "out",
@@ -339,7 +340,7 @@ def test_published_results_are_the_cached_units(smollm2, tmp_path):
     assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
     assert res["cells"] == pub["cells"]
     md = (root / "docs" / "results.md").read_text(encoding="utf-8")
-    rows = [line for line in E.markdown_table(res).splitlines() if line.startswith("| ")]
+    rows = [line for line in ER.markdown_table(res).splitlines() if line.startswith("| ")]
     assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
     for line in rows:
         assert line in md, line
@@ -364,8 +365,8 @@ def test_published_dynamic_reports_are_the_cached_units(smollm2, tmp_path, repor
     g = pub["grid"]
     shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
                     ignore=shutil.ignore_patterns("model-sha256.json"))
-    texts = E.resolve_texts([t["name"] for t in g["texts"]])
-    res, stats = E.run_compare(
+    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
+    res, stats = EG.run_compare(
         smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
         dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"], texts=texts, max_windows=g["max_windows"],
         score_from=g["score_from"], trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"],
@@ -375,7 +376,7 @@ def test_published_dynamic_reports_are_the_cached_units(smollm2, tmp_path, repor
     assert res["cells"] == pub["cells"]
     md = (root / "docs" / "results.md").read_text(encoding="utf-8")
     table = (report.parent / "results.md").read_text(encoding="utf-8")
-    for line in E.markdown_table(res).splitlines():
+    for line in ER.markdown_table(res).splitlines():
         if line.startswith("| "):
             assert line in table, line
             assert line in md, line
@@ -394,14 +395,14 @@ def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monk
     from ggufrope import runtime
 
     m = write_tiny_llama(tmp_path / "t.gguf", seed=4)
-    for st in (E.Setting("ntk-mixed"), E.Setting("ntk", logn=True), E.Setting("linear"), E.Setting("yarn")):
-        llm = E.load_model(m.path, st, 200, threads=2)
+    for st in (ED.Setting("ntk-mixed"), ED.Setting("ntk", logn=True), ED.Setting("linear"), ED.Setting("yarn")):
+        llm = ED.load_model(m.path, st, 200, threads=2)
         assert llm.ggufrope.factor == 3.125 and not llm.ggufrope.auto, st
         assert st.label(200, 64).endswith("k=3.125" + (" + log-n" if st.logn else ""))
         del llm
-    llm = E.load_model(m.path, E.Setting("none", logn=True), 200, threads=2)
+    llm = ED.load_model(m.path, ED.Setting("none", logn=True), 200, threads=2)
     assert llm.ggufrope.factor is None
     del llm
     monkeypatch.setattr(runtime, "factor_in_use", lambda llm: 4.0)
-    with pytest.raises(E.GGUFRopeError, match="llama.cpp applies k = 4.0 where k = 3.125 was passed"):
-        E.load_model(m.path, E.Setting("ntk-mixed"), 200, threads=2)
+    with pytest.raises(GGUFRopeError, match="llama.cpp applies k = 4.0 where k = 3.125 was passed"):
+        ED.load_model(m.path, ED.Setting("ntk-mixed"), 200, threads=2)

@@ -316,7 +316,7 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
     """Change the registry (ntk takes b; none takes k) and the set-side values, the load-time
     choice, the evaluation setting and the file reader all follow: none of them keeps a copy
     of the rules."""
-    from ggufrope import evaluate as E
+    from ggufrope.evaluation import decoder as ED
     from ggufrope import gguf_file as G
     from ggufrope import runtime as R
 
@@ -326,29 +326,29 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
     with pytest.raises(GGUFRopeError, match="applies to ntk-mixed only"):
         R.RopeChoice("ntk", None, 0.5)
     with pytest.raises(GGUFRopeError, match="applies to ntk-mixed only"):
-        E.Setting("ntk", None, 0.5)
+        ED.Setting("ntk", None, 0.5)
     with pytest.raises(GGUFRopeError, match="no effect with method 'none'"):
         R.RopeChoice("none", 2.0)
-    assert E.Setting.for_grid("ntk", 2.0, 0.5, False).exponent is None
+    assert ED.Setting.for_grid("ntk", 2.0, 0.5, False).exponent is None
 
     monkeypatch.setitem(M.METHODS, "ntk", dataclasses.replace(M.METHODS["ntk"], params=("factor", "exponent")))
     monkeypatch.setitem(M.METHODS, "none", dataclasses.replace(M.METHODS["none"], params=("factor",)))
     assert G._rope_values("ntk", None, 0.5, False)[2] == 0.5
     assert R.RopeChoice("ntk", None, 0.5).exponent == 0.5
-    assert E.Setting("ntk", None, 0.5).exponent == 0.5
-    assert E.Setting.for_grid("ntk", 2.0, 0.5, False).exponent == 0.5
+    assert ED.Setting("ntk", None, 0.5).exponent == 0.5
+    assert ED.Setting.for_grid("ntk", 2.0, 0.5, False).exponent == 0.5
     assert R.RopeChoice("none", 2.0).factor == 2.0
-    assert E.Setting("none", 2.0).resolved_factor(128, 64) == 2.0
+    assert ED.Setting("none", 2.0).resolved_factor(128, 64) == 2.0
 
     # dynamic k: the registry says which methods have it (today the NTK family)
     for make in (lambda: G._rope_values("none", None, None, False, True), lambda: R.RopeChoice("none", dynamic=True),
-                 lambda: E.Setting("none", dynamic=True)):
+                 lambda: ED.Setting("none", dynamic=True)):
         with pytest.raises(GGUFRopeError, match="dynamic k needs an NTK-family method"):
             make()
     monkeypatch.setattr(M.Method, "supports_dynamic", property(lambda self: self.name in ("none", "ntk-mixed")))
     assert G._rope_values("none", None, None, False, True)[4] is True
     assert R.RopeChoice("none", dynamic=True).runs_dynamic
-    assert E.Setting("none", dynamic=True).dynamic
+    assert ED.Setting("none", dynamic=True).dynamic
     with pytest.raises(GGUFRopeError, match=r"dynamic k needs an NTK-family method \(none, ntk-mixed\), not 'ntk'"):
         R.RopeChoice("ntk", dynamic=True)
     with pytest.raises(ValueError, match="not 'ntk-fixed'"):
@@ -362,6 +362,6 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
 
     monkeypatch.setattr(M, "check_factor", check_factor)
     for make in (lambda: G._rope_values("ntk", 1.5, None, False), lambda: R.RopeChoice("ntk", 1.5),
-                 lambda: E.Setting("ntk", 1.5)):
+                 lambda: ED.Setting("ntk", 1.5)):
         with pytest.raises(GGUFRopeError, match="must be >= 2 here"):
             make()

@@ -119,22 +119,22 @@ QUALITY_MARGIN = 0.5
 def _mean_nll_beyond_L(path, name: str) -> float:
     """Mean NLL of the first N_CTX-token window of QUALITY_DOC at positions L .. 2L-2, loaded with
     the file's own keys."""
-    import ggufrope.evaluate as E
+    from ggufrope.evaluation import decoder as ED, ppl as EP
     from ggufrope.corpus import load_text
     from ggufrope.runtime import load
 
-    L = E.n_ctx_orig_of(path)
+    L = ED.n_ctx_orig_of(path)
     assert L == 8192 and N_CTX == 2 * L
     llm = load(path, n_ctx=N_CTX, n_batch=512, n_ubatch=512)  # the file's own keys decide
     try:
-        with E.Decoder(llm) as dec:
+        with ED.Decoder(llm) as dec:
             toks = dec.tokenize(load_text(QUALITY_DOC))
             assert len(toks) >= N_CTX
-            ws = E.perplexity(dec, toks, N_CTX, L, score_from=L, max_windows=1, progress=True,
-                              desc=f"{QUALITY_DOC} beyond L, {name}")
+            ws = EP.perplexity(dec, toks, N_CTX, L, score_from=L, max_windows=1, progress=True,
+                               desc=f"{QUALITY_DOC} beyond L, {name}")
     finally:
         llm.close()
-    s = E.summarize_windows(ws)
+    s = EP.summarize_windows(ws)
     assert s["count_beyond"] == s["count"] == N_CTX - 1 - L
     nll = s["nll_beyond"] / s["count_beyond"]
     assert math.isfinite(nll)

@@ -188,6 +188,7 @@ def forward(
     b: float = SEED_B,
     logn_ctx: int = 0,
     freq_base: float | None = None,
+    attn_logit_scale: float = 1.0,
     **kw,
 ) -> np.ndarray:
     """Logits ``(n_tokens, n_vocab)`` float64 of ``model`` on ``tokens``.
@@ -196,9 +197,13 @@ def forward(
     ``method``, ``k``, ``b``: the context-extension method (:func:`seed_inv_freq`), composed
     with the file's ``rope_freqs``; ``none`` is plain RoPE. ``logn_ctx`` = L > 0 multiplies
     each query by s(p) = max(1, log_L(p+1)) after RoPE. ``freq_base`` overrides the file's β
-    (stock ``rope_freq_base``). A ``gemma3`` model goes to :func:`forward_gemma3` (``kw``).
+    (stock ``rope_freq_base``). ``attn_logit_scale`` multiplies every attention logit
+    (q·k / sqrt(head_dim)) before the softmax (llama/qwen2 only). A ``gemma3`` model goes to
+    :func:`forward_gemma3` (``kw``).
     """
     if model.arch == "gemma3":
+        if attn_logit_scale != 1.0:
+            raise TypeError("attn_logit_scale: not for gemma3")
         return forward_gemma3(model, tokens, positions, method=method, k=k, b=b, logn_ctx=logn_ctx,
                               freq_base=freq_base, **kw)
     if kw:
@@ -222,7 +227,7 @@ def forward(
             q, kk, v = q + _t(L.bq), kk + _t(L.bk), v + _t(L.bv)
         q = apply_rope(q.view(n, nh, hd), pos, inv, mode, logn)
         kk = apply_rope(kk.view(n, nkv, hd), pos, inv, mode)
-        o = _attend(q, kk, v.view(n, nkv, hd), causal, 1.0 / math.sqrt(hd))
+        o = _attend(q, kk, v.view(n, nkv, hd), causal, attn_logit_scale / math.sqrt(hd))
         x = x + o @ _t(L.wo).T
         h = _rms_norm(x, _t(L.ffn_norm), eps)
         g = torch.nn.functional.silu(h @ _t(L.ffn_gate).T) * (h @ _t(L.ffn_up).T)

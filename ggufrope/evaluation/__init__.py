@@ -1,0 +1,18 @@
+"""Evaluation beyond the trained context: perplexity on long documents, passkey retrieval, and
+the method-by-method comparison grid behind ``ggufrope eval ppl | passkey | compare``.
+
+The package owns the evaluation's model loading and decoding, its protocols, its cache of
+computed units and its reports; it imports nothing heavy here (llama_cpp, matplotlib and tqdm
+are imported where used). Modules:
+
+- :mod:`.decoder`: :class:`~.decoder.Setting` (a method with k resolved per context),
+  :func:`~.decoder.load_model`, :class:`~.decoder.Decoder` (batched low-level decoding),
+  :func:`~.decoder.token_nll`, :func:`~.decoder.greedy_answer`; k and dynamic k.
+- :mod:`.ppl`: perplexity after llama-perplexity's protocol, beyond and within L; the texts.
+- :mod:`.passkey`: passkey retrieval (Mohtashami & Jaggi 2023).
+- :mod:`.cache`: the unit cache (one JSON file per unit), unit keys, the model fingerprint and
+  the library build a unit was computed with.
+- :mod:`.grid`: the comparison grid (:func:`~.grid.run_compare`).
+- :mod:`.report`: the markdown table and the plot of a grid's results.
+- :mod:`.cli`: the ``ggufrope eval`` command group and its flag parsers.
+"""

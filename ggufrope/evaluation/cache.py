@@ -1,0 +1,162 @@
+"""The cache of computed units: one JSON file per unit of the comparison grid.
+
+A unit is one (model, setting, n_ctx) with one document (perplexity) or one passkey trial set.
+Its key (:func:`unit_key`, completed by :func:`ggufrope.evaluation.grid.run_compare`) names the
+protocol version, the model's sha256 and size, method, k, b, dynamic k, log-n, n_ctx, L and the
+text or trial set; the file is named by the sha256 of that key and holds the key (checked when
+read) and the result, so an interrupted grid resumes where it stopped.
+
+**The build.** A unit is reused only when it was computed by the same library build
+(:func:`build_info`): the llama.cpp shared libraries loaded (a hash of their bytes), the
+ggufrope patch version, the backend (CPU or CUDA), flash attention and n_ubatch, so a change
+to the C code never reuses stale units. The build is stored in the unit's file beside the key,
+not in the key: the file name stays the hash of the key alone, so the units cached before
+builds were recorded (none stored) keep their files. A unit computed by another build (or by
+an unrecorded one) is stale: :func:`ggufrope.evaluation.grid.run_compare` recomputes and
+overwrites it, except with ``report_only``, which reads any build and counts the units per
+build (:func:`build_id`) in the report.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import pathlib
+from typing import Any
+
+from ..errors import GGUFRopeError
+from .decoder import Setting
+
+#: bump when a change to the evaluation changes what a cached result means
+EVAL_VERSION = 1
+
+
+def atomic_json(path: pathlib.Path, obj: Any) -> None:
+    from ..models import atomic_open
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+def model_fingerprint(model: str | os.PathLike, cache_dir: pathlib.Path) -> dict[str, Any]:
+    """sha256 and size of ``model``; the sha256 is remembered in ``cache_dir`` under (real path,
+    size, mtime), so a file is hashed once until it changes."""
+    p = os.path.realpath(os.fspath(model))
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise GGUFRopeError(f"{os.fspath(model)}: {e.strerror}") from None
+    memo_path = cache_dir / "model-sha256.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    mk = f"{p}|{st.st_size}|{st.st_mtime_ns}"
+    sha = memo.get(mk)
+    if sha is None:
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                h.update(chunk)
+        sha = h.hexdigest()
+        memo[mk] = sha
+        atomic_json(memo_path, memo)
+    return {"sha256": sha, "size": st.st_size, "name": os.path.basename(p)}
+
+
+class Cache:
+    """One JSON file per unit, named by the sha256 of its key; the key is stored in the file and
+    checked when read."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = pathlib.Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, key: dict[str, Any]) -> pathlib.Path:
+        h = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        dyn = "-dyn" if key.get("dynamic") else ""
+        return self.root / f"{key['kind']}-{key['method']}{dyn}{'-logn' if key['logn'] else ''}-{key['n_ctx']}-{h}.json"
+
+    def read(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The unit's file, ``{"key", "result"}`` and ``"build"`` when one was recorded, or None
+        when there is none (or it holds another key)."""
+        try:
+            obj = json.loads(self.path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        return obj if obj.get("key") == json.loads(json.dumps(key)) else None
+
+    def get(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The unit's result, whichever build computed it (None when not cached)."""
+        obj = self.read(key)
+        return None if obj is None else obj["result"]
+
+    def put(self, key: dict[str, Any], result: dict[str, Any], build: dict[str, Any] | None = None) -> None:
+        """Store ``result`` under ``key``, with the ``build`` that computed it (:func:`build_info`)."""
+        atomic_json(self.path(key), {"key": key, "result": result, **({"build": build} if build is not None else {})})
+
+
+_library_hash: str | None = None
+
+
+def library_hash() -> str:
+    """The first 16 hex digits of the sha256 over the llama.cpp shared libraries that
+    llama-cpp-python loaded: libllama (``llama_cpp.llama_cpp._lib._name``) and every other
+    ``lib*.so*`` beside it (libggml*), by real path, each once, in sorted order. Computed once
+    per process."""
+    global _library_hash
+    if _library_hash is None:
+        import llama_cpp.llama_cpp as lc
+
+        name = os.path.realpath(lc._lib._name)
+        paths = {name} | {os.path.realpath(p) for p in glob.glob(os.path.join(os.path.dirname(name), "lib*.so*"))}
+        h = hashlib.sha256()
+        for p in sorted(paths):
+            with open(p, "rb") as f:
+                for chunk in iter(lambda: f.read(1 << 22), b""):
+                    h.update(chunk)
+        _library_hash = h.hexdigest()[:16]
+    return _library_hash
+
+
+def build_info(gpu_layers: int, flash_attn: bool, n_ubatch: int) -> dict[str, Any]:
+    """The library build a unit is computed with: ``library`` (:func:`library_hash`),
+    ``ggufrope_patch`` (:func:`ggufrope.runtime.library_version`, None for a stock library),
+    ``backend`` (``"CUDA"`` when layers are offloaded to a library that can, else ``"CPU"``),
+    ``flash_attn`` and ``n_ubatch`` as the model is loaded with them
+    (:func:`ggufrope.evaluation.decoder.batch_sizes`)."""
+    import llama_cpp
+
+    from ..runtime import library_version
+
+    gpu = gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+    return {"library": library_hash(), "ggufrope_patch": library_version(), "backend": "CUDA" if gpu else "CPU",
+            "flash_attn": bool(flash_attn), "n_ubatch": int(n_ubatch)}
+
+
+def build_id(build: dict[str, Any] | None) -> str:
+    """One line naming a build (:func:`build_info`), ``"unrecorded"`` for None."""
+    if build is None:
+        return "unrecorded"
+    patch = build.get("ggufrope_patch")
+    return (f"llama.cpp {build.get('library')} (patch {patch or 'none: stock'}), {build.get('backend')}, "
+            f"flash-attn {'on' if build.get('flash_attn') else 'off'}, n_ubatch {build.get('n_ubatch')}")
+
+
+
+def unit_key(setting: Setting, n_ctx: int, n_ctx_orig: int, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The part of a cached unit's key that names the model and the setting at ``n_ctx``
+    (the kind of unit, its text or trial set are added by :func:`run_compare`): protocol
+    version, model sha256 and size, method, the k applied (None: none, or dynamic k), b
+    (ntk-mixed), log-n, n_ctx and L, and with dynamic k ``dynamic`` and ``dynamic_ratio``
+    (:meth:`Setting.key_fields`; a static key has neither)."""
+    return {
+        "eval_version": EVAL_VERSION, "model": {"sha256": fingerprint["sha256"], "size": fingerprint["size"]},
+        "method": setting.method, "factor": setting.resolved_factor(n_ctx, n_ctx_orig),
+        "exponent": setting.exponent if setting.method == "ntk-mixed" else None, "logn": setting.logn,
+        "n_ctx": n_ctx, "n_ctx_orig": n_ctx_orig, **setting.key_fields(),
+    }

@@ -1,0 +1,336 @@
+"""The ``ggufrope eval`` command group (``ppl``, ``passkey``, ``compare``) and the parsers of
+its flags.
+
+The group adds itself to :data:`ggufrope.cli.main` when this module is imported; ggufrope/cli.py
+imports it at its end, so ``ggufrope eval ...`` is there whichever module is imported first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import click
+
+from ..cli import _CONTEXT, _DEVICE_OPTIONS, _Group, main
+from ..errors import GGUFRopeError
+
+# --- the CLI parses flags -------------------------------------------------------------------------
+
+
+def parse_methods(spec: str) -> list[str]:
+    from ..methods import canonical
+    from .grid import ALL_METHODS
+
+    if spec.strip().lower() == "all":
+        return list(ALL_METHODS)
+    out = []
+    for s in spec.split(","):
+        if s.strip():
+            try:
+                m = canonical(s)
+            except ValueError as e:
+                raise GGUFRopeError(str(e)) from None
+            if m not in out:
+                out.append(m)
+    if not out:
+        raise GGUFRopeError("no method given")
+    return out
+
+
+def parse_ints(spec: str, what: str = "--n-ctx") -> list[int]:
+    try:
+        out = [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        raise GGUFRopeError(f"{what}: expected comma-separated integers, got {spec!r}") from None
+    if not out or min(out) < 16:
+        raise GGUFRopeError(f"{what}: expected integers >= 16, got {spec!r}")
+    return out
+
+
+def parse_depths(spec: str) -> list[float] | None:
+    if spec.strip().lower() == "random":
+        return None
+    try:
+        out = [float(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        raise GGUFRopeError(f"--depths: expected 'random' or comma-separated numbers in [0, 1], got {spec!r}") from None
+    if not out or any(not 0.0 <= d <= 1.0 for d in out):
+        raise GGUFRopeError(f"--depths: expected numbers in [0, 1], got {spec!r}")
+    return out
+
+
+def parse_logn(spec: str, what: str = "--logn") -> list[bool]:
+    """off, on or both (also of ``--dynamic``: ``what`` names the option)."""
+    s = spec.strip().lower()
+    table = {"both": [False, True], "off": [False], "on": [True]}
+    if s not in table:
+        raise GGUFRopeError(f"{what}: expected off, on or both, got {spec!r}")
+    return table[s]
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+
+@main.group("eval", cls=_Group, context_settings=_CONTEXT)
+def eval_group() -> None:
+    """Evaluate methods beyond the trained context L: perplexity on long documents, passkey
+    retrieval, and the side-by-side grid (see the package ggufrope/evaluation for the protocols).
+
+    \b
+    ggufrope eval ppl MODEL --n-ctx 16384 -m ntk-mixed --logn --text hamlet
+    ggufrope eval passkey MODEL --n-ctx 2048,16384 -m yarn --trials 20
+    ggufrope eval compare MODEL --n-ctx 16384,32768 --methods all --logn both --out results/
+
+    Methods are applied at load time (kv overrides, llama.cpp's own parameters for linear
+    and yarn); MODEL is never rewritten.
+    """
+
+
+def _eval_method_options(f: Any) -> Any:
+    opts = [
+        click.option("-m", "--method", default="none", show_default=True, metavar="METHOD",
+                     help="none, linear, yarn, ntk, ntk-fixed, ntk-mixed (alias mixed)."),
+        click.option("-k", "--factor", type=float, default=None, metavar="K",
+                     help="Factor k >= 1. Left out: max(1, n_ctx / L), passed to every method alike."),
+        click.option("--b", "--exponent", "exponent", type=float, default=None, metavar="B",
+                     help="Exponent b of ntk-mixed, 0 < b <= 1.  [default: 0.625]"),
+        click.option("--logn/--no-logn", default=False, show_default=True, help="log-n query scaling beyond L."),
+        click.option("--dynamic/--static", "dynamic", default=False, show_default=True,
+                     help="Dynamic k (NTK family, without -k): no k is passed; llama.cpp keeps k = 1 within L, then "
+                     "the smallest power of 2 with k*L >= n as the window fills, re-rotating the cached keys. "
+                     "--static: one k per context, passed explicitly."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _eval_engine_options(f: Any) -> Any:
+    opts = [
+        click.option("--batch-size", "n_batch", type=click.IntRange(min=1), default=512, show_default=True,
+                     help="Tokens per llama_decode call (n_batch; n_ubatch is the same unless --ubatch)."),
+        click.option("--ubatch", "n_ubatch", type=click.IntRange(min=1), default=None, help="n_ubatch."),
+    ] + _DEVICE_OPTIONS
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def _say_rope(llm: Any) -> None:
+    from ..runtime import describe
+
+    click.echo(f"[ggufrope] {describe(llm)}", err=True)
+
+
+def _fmt_ppl(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+@eval_group.command("ppl", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=None,
+              help="Window size n_ctx in tokens.  [default: 2 x L]")
+@_eval_method_options
+@click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
+              help="A UTF-8 file or a corpus document (repeatable). Default: every long corpus document.")
+@click.option("--max-windows", type=click.IntRange(min=1), default=None, help="At most this many windows per text.")
+@click.option("--score-from", type=click.IntRange(min=0), default=None,
+              help="First scored position of each window.  [default: n_ctx/2, as llama-perplexity]")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_eval_engine_options
+def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float | None, logn: bool,
+                 dynamic: bool, texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
+                 n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
+
+    Each window of n_ctx tokens is evaluated from an empty context in one pass (first token
+    BOS when the vocabulary adds one), and the tokens from --score-from on are scored
+    (llama-perplexity's protocol). "beyond L" counts the tokens predicted from positions >= L.
+    """
+    from .decoder import Decoder, Setting, load_model, n_ctx_orig_of
+    from .ppl import check_score_from, perplexity, resolve_texts, summarize_windows
+
+    L = n_ctx_orig_of(model)
+    n_ctx = n_ctx or 2 * L
+    check_score_from(n_ctx, score_from)
+    st = Setting(method, factor, exponent, logn, dynamic)
+    txts = resolve_texts(texts)
+    llm = load_model(model, st, n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                       threads=threads, verbose=verbose)
+    _say_rope(llm)
+    out: dict[str, Any] = {"model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "method": st.label(n_ctx, L),
+                           "score_from": n_ctx // 2 if score_from is None else score_from, "texts": {}}
+    allw = []
+    with Decoder(llm) as dec:
+        for t in txts:
+            ws = perplexity(dec, dec.tokenize(t.text), n_ctx, L, score_from=score_from, max_windows=max_windows,
+                              progress=not as_json, desc=t.name)
+            allw += ws
+            s = summarize_windows(ws)
+            out["texts"][t.name] = s
+            if not as_json:
+                click.echo(f"{t.name:16s} windows {s['n_windows']:3d}  ppl {_fmt_ppl(s['ppl'])} "
+                           f"({s['count']} tokens)  beyond L: {_fmt_ppl(s['ppl_beyond'])} ({s['count_beyond']} tokens)")
+    out["all"] = summarize_windows(allw)
+    if st.dynamic:  # the k the last window reached, read back from the context
+        from ..runtime import factor_in_use
+
+        out["factor_end"] = factor_in_use(llm)
+        if not as_json:
+            _say_rope(llm)
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+    else:
+        s = out["all"]
+        click.echo(f"{st.label(n_ctx, L)} @ n_ctx {n_ctx} (L = {L}): ppl {_fmt_ppl(s['ppl'])} over {s['count']} tokens; "
+                   f"beyond L {_fmt_ppl(s['ppl_beyond'])} over {s['count_beyond']} tokens")
+
+
+@eval_group.command("passkey", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
+              help="Context lengths (the prompt fills n_ctx less --n-gen tokens).  [default: 2 x L]")
+@_eval_method_options
+@click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="Trials per context.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the keys and depths.")
+@click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True,
+              help="Depths of the key line, cycled over the trials, or 'random' (uniform, reported by nearest quarter).")
+@click.option("--n-gen", type=click.IntRange(min=6), default=10, show_default=True, help="Tokens decoded greedily.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@_eval_engine_options
+def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
+                     logn: bool, dynamic: bool,
+                     trials: int, seed: int, depths: str, n_gen: int, as_json: bool, n_batch: int,
+                     n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
+    context length and depth of the key. A random 5-digit key per trial; greedy answer."""
+    from .decoder import Decoder, Setting, load_model, n_ctx_orig_of
+    from .passkey import passkey
+
+    L = n_ctx_orig_of(model)
+    ctxs = parse_ints(n_ctxs) if n_ctxs else [2 * L]
+    ds = parse_depths(depths)
+    st = Setting(method, factor, exponent, logn, dynamic)
+    out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
+    for c in ctxs:
+        llm = load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                           threads=threads, verbose=verbose)
+        _say_rope(llm)
+        with Decoder(llm) as dec:
+            r = passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
+                          desc=f"passkey {c}")
+        if st.dynamic:  # the k the last trial reached
+            from ..runtime import factor_in_use
+
+            r["factor_end"] = factor_in_use(llm)
+        del llm
+        out["results"][str(c)] = r
+        if not as_json:
+            by = "  ".join(f"d={d}: {100 * v['accuracy']:.0f}% ({v['trials']})" for d, v in r["by_depth"].items())
+            click.echo(f"{st.label(c, L)} @ {c}: {r['correct']}/{r['trials']} = {100 * r['accuracy']:.0f}%   {by}")
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+
+
+@eval_group.command("compare", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctxs", default="16384,32768", show_default=True, metavar="N[,N...]",
+              help="Contexts (columns of the table).")
+@click.option("--methods", default="all", show_default=True,
+              help="Comma-separated methods, or all (none, linear, yarn, ntk, ntk-fixed, ntk-mixed).")
+@click.option("--logn", "logn_spec", default="both", show_default=True, help="off, on or both.")
+@click.option("--dynamic", "dynamic_spec", default="off", show_default=True,
+              help="Dynamic k: off, on or both (on: the NTK-family methods only, no k passed; rows labelled dyn).")
+@click.option("-k", "--factor", type=float, default=None, metavar="K",
+              help="Factor k of the static rows. Left out: max(1, n_ctx / L).")
+@click.option("--dynamic-ratio", type=float, default=None, metavar="R",
+              help="Ratio r > 1 of the dynamic rows' schedule (k = r^e). Left out: 2.")
+@click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
+              help="Exponent b of ntk-mixed.")
+@click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
+              help="Perplexity texts (repeatable). Default: every long corpus document.")
+@click.option("--no-ppl", is_flag=True, help="Skip perplexity (passkey only).")
+@click.option("--max-windows", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Windows per text and context.")
+@click.option("--score-from", type=click.IntRange(min=0), default=None, help="[default: n_ctx/2]")
+@click.option("--trials", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Passkey trials per cell (0: no passkey).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True, help="Passkey depths, or 'random'.")
+@click.option("-o", "--out", "out_dir", default="eval-results", show_default=True, metavar="DIR",
+              help="Where results.json, results.md and ppl.png go.")
+@click.option("--cache", "cache_dir", default=None, metavar="DIR", help="Result cache.  [default: DIR/cache]")
+@click.option("--report-only", is_flag=True,
+              help="Compute nothing: write the report from the cached units; cells not cached show as not run.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@_eval_engine_options
+def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
+                     dynamic_ratio: float | None, exponent: float,
+                     texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
+                     seed: int, depths: str, out_dir: str, cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
+                     n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """Run the grid contexts x methods x dynamic k x log-n, resumably, and write the report.
+
+    Every unit (model sha256, method, k, b, dynamic k, log-n, n_ctx, text or passkey trial set) is cached
+    as one JSON file, so an interrupted run resumes where it stopped and a finished one only
+    rewrites the report. A unit cached by another library build (llama.cpp libraries, patch,
+    backend, flash attention, n_ubatch) is stale and recomputed; --report-only reads it. Writes DIR/results.json, DIR/results.md (rows: methods without and
+    with log-n; columns: contexts; cells: perplexity beyond L / passkey accuracy) and DIR/ppl.png.
+    """
+    import shlex
+
+    from .. import methods as M
+    from .decoder import Setting
+    from .grid import grid_configs, run_compare
+    from .ppl import resolve_texts
+    from .report import markdown_table
+
+    ctxs = parse_ints(n_ctxs)
+    ms = parse_methods(methods)
+    lns = parse_logn(logn_spec)
+    dyns = parse_logn(dynamic_spec, "--dynamic")
+    ds = parse_depths(depths)
+    for m in ms:  # the registry's checks of k and b, before anything runs
+        Setting.for_grid(m, factor, exponent, False)
+        if dynamic_ratio is not None and True in dyns and M.entry(m).supports_dynamic:
+            Setting.for_grid(m, None, exponent, False, True, dynamic_ratio)
+    if not grid_configs(ctxs, ms, lns, dyns):
+        raise GGUFRopeError("nothing to run: --dynamic on applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
+    txts = [] if no_ppl else resolve_texts(texts)
+    if not txts and trials == 0:
+        raise GGUFRopeError("nothing to run: --no-ppl with --trials 0")
+    argv = ["ggufrope", "eval", "compare", model, "--n-ctx", ",".join(map(str, ctxs)), "--methods", ",".join(ms),
+            "--logn", logn_spec]
+    if dyns != [False]:
+        argv += ["--dynamic", dynamic_spec]
+    if factor is not None:
+        argv += ["-k", f"{factor:g}"]
+    if dynamic_ratio is not None:
+        argv += ["--dynamic-ratio", f"{dynamic_ratio:.9g}"]
+    argv += ["--b", f"{exponent:g}"]
+    if no_ppl:
+        argv += ["--no-ppl"]
+    else:
+        for t in texts:
+            argv += ["--text", t]
+        argv += ["--max-windows", str(max_windows)]
+        if score_from is not None:
+            argv += ["--score-from", str(score_from)]
+    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths, "--out", out_dir]
+    if cache_dir is not None:
+        argv += ["--cache", cache_dir]
+    if report_only:
+        argv += ["--report-only"]
+    res, stats = run_compare(
+        model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, dynamic_ratio=dynamic_ratio, factor=factor,
+        exponent=exponent, texts=txts,
+        max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
+        cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
+        report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),
+    )
+    click.echo(markdown_table(res))
+    stale = f" ({stats.stale} of them stale: cached by another build)" if stats.stale else ""
+    click.echo(f"units: {stats.computed} computed{stale}, {stats.cached} from the cache, {stats.missing} not run; "
+               f"wrote {os.path.join(out_dir, 'results.json')}, results.md, ppl.png")

@@ -1,0 +1,305 @@
+"""The model and the low-level decoding of the evaluation: :class:`Setting` (a method as the
+evaluation applies it), :func:`load_model`, :class:`Decoder` (batched decoding with logits only
+where asked), :func:`token_nll` and :func:`greedy_answer`.
+
+Every method is applied at load time through :func:`ggufrope.runtime.load` (kv overrides for
+the NTK family and log-n, llama.cpp's own context parameters for ``linear`` and ``yarn``);
+no file is rewritten.
+
+**The factor k.** The evaluation compares methods at one k per context: left out, k is
+max(1, n_ctx / L) for every method that takes one (:func:`ggufrope.methods.auto_factor`, the
+rule by which Python chooses k for the stock methods linear and yarn), and it is passed to
+the library explicitly, for the NTK family too, so that a unit's k is known before any model
+is loaded (it is part of the cache key) and is the same for stock and NTK-family methods. The
+windows of the evaluation are exactly n_ctx tokens, so k maps the window onto L. After each
+load the k in use is read back from the library (:func:`ggufrope.runtime.factor_in_use`)
+and must be the one passed. (``ggufrope generate`` instead leaves the NTK family's automatic
+k to the library: dynamic k by default, or with ``--static`` one k resolved from n_ctx_seq.)
+
+**Dynamic k** (``--dynamic``, the NTK family only): the factor passed is
+:data:`~ggufrope.methods.AUTO_FACTOR` (0) with the dynamic override, and the library chooses k
+as each window fills (1 within L, then the smallest power of 2 with k·L >= n, the cached keys
+re-rotated). The k read back after a load must be 1 (an empty context), and the k reached at
+the end of a unit is stored with it (``factor_end``). A dynamic unit's cache key carries
+``"dynamic": true`` and its ratio r; a static unit's key has no such field, so it is the key
+it had before dynamic k existed. Report labels say ``dyn`` (``ntk-mixed (b=0.625) dyn``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import GGUFRopeError
+from ..methods import DEFAULT_DYNAMIC_RATIO, METHODS, auto_factor, entry, to_float32
+from ..runtime import RopeChoice
+
+DEFAULT_N_GEN = 10  #: greedy tokens decoded for the answer (SmolLM2 spells digits one a token)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting(RopeChoice):
+    """A method as the evaluation applies it: :class:`ggufrope.runtime.RopeChoice` (same fields
+    and the registry's checks; ``factor`` None means k = max(1, n_ctx / L), see the module
+    docstring) with k resolved per context. ``dynamic`` is a bool here: True runs dynamic k
+    (no k is passed), False (or None) one explicit k per context.
+
+    ``attn_factor`` s > 0: a constant attention scale, llama.cpp's own ``yarn_attn_factor``
+    context parameter, which multiplies cos and sin of the rope op on Q and K, so the attention
+    logits by s². 1 (the default) passes nothing; with ``yarn``, which applies its own scale
+    0.1 ln k + 1 in the same rope op, only 1 is accepted (no silent combination)."""
+
+    attn_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "dynamic", bool(self.dynamic))
+        try:
+            s = float(self.attn_factor)
+        except (TypeError, ValueError):
+            raise GGUFRopeError(f"attention factor must be a number > 0, got {self.attn_factor!r}") from None
+        if not (math.isfinite(s) and s > 0):
+            raise GGUFRopeError(f"attention factor must be a number > 0, got {self.attn_factor!r}")
+        if s != 1.0 and self.method == "yarn":
+            raise GGUFRopeError(f"attention factor {s:g} with yarn: yarn scales attention itself (0.1 ln k + 1, in "
+                                "the same rope op); the two are not combined, use 1 with yarn")
+        object.__setattr__(self, "attn_factor", s)
+
+    @classmethod
+    def for_grid(cls, method: str, factor: float | None, exponent: float | None, logn: bool,
+                 dynamic: bool = False, dynamic_ratio: float | None = None, attn_factor: float = 1.0) -> Setting:
+        """The setting of ``method`` in a grid whose k and b are given once for all methods: k
+        goes only to methods that take one (and not with dynamic k, which chooses its own), b
+        only to ntk-mixed (the registry's parameters), the ratio r only to dynamic rows; the
+        attention factor s to every row."""
+        try:
+            m = entry(method)
+        except ValueError as e:
+            raise GGUFRopeError(str(e)) from None
+        return cls(m.name, factor if m.uses_factor and not dynamic else None, exponent if m.uses_exponent else None,
+                   logn, dynamic, dynamic_ratio=dynamic_ratio if dynamic else None, attn_factor=attn_factor)
+
+    def resolved_factor(self, n_ctx: int, n_ctx_orig: int) -> float | None:
+        """k as applied at ``n_ctx`` (None for ``none``, which has no k, and for dynamic k,
+        which the library chooses as the context fills)."""
+        if not METHODS[self.method].uses_factor or self.dynamic:
+            return None
+        return float(self.factor) if self.factor is not None else auto_factor(n_ctx, n_ctx_orig)
+
+    def label(self, n_ctx: int | None = None, n_ctx_orig: int | None = None) -> str:  # type: ignore[override]
+        s = self.method + (f" (b={self.exponent:g})" if self.method == "ntk-mixed" else "")
+        if self.dynamic:
+            r = self.dynamic_ratio
+            s += " dyn" + (f" (r={r:g})" if r is not None and r != DEFAULT_DYNAMIC_RATIO else "")
+        elif n_ctx is not None and n_ctx_orig is not None and self.method != "none":
+            s += f" k={self.resolved_factor(n_ctx, n_ctx_orig):g}"
+        s += " + log-n" if self.logn else ""
+        return s + (f" attn×{self.attn_factor:g}" if self.attn_factor != 1.0 else "")
+
+    def key_fields(self) -> dict[str, Any]:
+        """What dynamic k and an attention factor add to a cached unit's key: ``{"dynamic": True,
+        "dynamic_ratio": r}`` with dynamic k, ``{"attn_factor": s}`` when s != 1; nothing for a
+        static setting with s = 1 (its key is the one it had before either existed)."""
+        out: dict[str, Any] = {}
+        if self.dynamic:
+            r = self.dynamic_ratio
+            out.update(dynamic=True, dynamic_ratio=float(DEFAULT_DYNAMIC_RATIO if r is None else r))
+        if self.attn_factor != 1.0:
+            out["attn_factor"] = self.attn_factor
+        return out
+
+
+def n_ctx_orig_of(model: str | os.PathLike) -> int:
+    """L, the model's trained context (``read_rope_metadata(model)["n_ctx_orig"]``)."""
+    from ..gguf_file import read_rope_metadata
+
+    L = read_rope_metadata(model)["n_ctx_orig"]
+    if not L:
+        raise GGUFRopeError(f"{os.fspath(model)}: no context length (L) in the file")
+    return int(L)
+
+
+def batch_sizes(n_batch: int, n_ubatch: int | None, n_ctx: int) -> tuple[int, int]:
+    """(n_batch, n_ubatch) as :func:`load_model` passes them: n_batch capped by ``n_ctx``,
+    n_ubatch (default: n_batch) capped by n_batch."""
+    n_batch = max(1, min(int(n_batch), int(n_ctx)))
+    return n_batch, min(n_batch, n_ubatch or n_batch)
+
+
+def load_model(
+    model: str | os.PathLike,
+    setting: Setting,
+    n_ctx: int,
+    *,
+    n_batch: int = 512,
+    n_ubatch: int | None = None,
+    gpu_layers: int = 0,
+    threads: int | None = None,
+    verbose: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """``runtime.load`` with ``setting`` at ``n_ctx``; ``n_batch`` is capped by ``n_ctx`` and
+    ``n_ubatch`` defaults to it (:func:`batch_sizes`). An attention factor s != 1 is passed as
+    ``yarn_attn_factor``.
+
+    k is passed explicitly (:meth:`Setting.resolved_factor`, see the module docstring) and the
+    k the context applies is read back: a library that applies another k (or none) raises
+    :class:`GGUFRopeError`. With dynamic k no k is passed (auto, with the dynamic override) and
+    the k read back must be 1 (the context is empty). The returned ``Llama`` carries
+    ``llm.ggufrope`` (:class:`ggufrope.runtime.RopeInUse`)."""
+    from ..runtime import load
+
+    L = n_ctx_orig_of(model)
+    kw: dict[str, Any] = dict(kwargs)
+    if threads:
+        kw["n_threads"] = kw["n_threads_batch"] = threads
+    n_batch, n_ubatch = batch_sizes(n_batch, n_ubatch, n_ctx)
+    if setting.attn_factor != 1.0:
+        if "yarn_attn_factor" in kw:
+            raise GGUFRopeError(f"{setting.label()}: yarn_attn_factor given twice (the setting's attention factor)")
+        kw["yarn_attn_factor"] = setting.attn_factor
+    k = setting.resolved_factor(n_ctx, L)
+    llm = load(
+        model, method=setting.method, factor=k, exponent=setting.exponent,
+        logn=setting.logn, dynamic=setting.dynamic, dynamic_ratio=setting.dynamic_ratio if setting.dynamic else None,
+        n_ctx=n_ctx, n_gpu_layers=gpu_layers, verbose=verbose,
+        n_batch=n_batch, n_ubatch=n_ubatch, **kw,
+    )
+    used = llm.ggufrope.factor
+    if setting.dynamic:
+        if not llm.ggufrope.dynamic or used != 1.0:
+            raise GGUFRopeError(f"{setting.label()}: llama.cpp starts the context with k = {used}"
+                                f"{'' if llm.ggufrope.dynamic else ', static'}, where dynamic k starts at 1")
+    elif (k is None) != (used is None) or (k is not None and to_float32(used) != to_float32(k)):
+        raise GGUFRopeError(f"{setting.label()}: llama.cpp applies k = {used} where k = {k} was passed")
+    return llm
+
+
+class Decoder:
+    """Batched decoding of one sequence on a loaded ``llama_cpp.Llama`` with the low-level API:
+    logits are computed only where asked and read back row by row with ``llama_get_logits_ith``."""
+
+    def __init__(self, llm: Any):
+        import llama_cpp
+
+        self.lc = llama_cpp
+        self.llm = llm
+        self.ctx = llm.ctx
+        self.n_ctx = int(llama_cpp.llama_n_ctx(self.ctx))
+        self.n_batch = int(llama_cpp.llama_n_batch(self.ctx))
+        self.vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
+        self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.n_decoded = 0  #: tokens decoded so far (for tests and timings)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            self.lc.llama_batch_free(self._batch)
+            self._batch = None
+
+    def __enter__(self) -> Decoder:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - safety net
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def clear(self) -> None:
+        """Empty the context (KV cache) before a new sequence."""
+        self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        """``add_bos``: add the vocabulary's special prefix when it asks for one (as llama.cpp's
+        ``common_tokenize(..., add_special=true)``)."""
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
+
+    def decode(self, tokens: Sequence[int], pos0: int, outputs: Iterable[int],
+               on_rows: Callable[[list[int], np.ndarray], None]) -> None:
+        """Decode ``tokens`` at positions ``pos0, pos0 + 1, ...`` in batches of ``n_batch``;
+        for every batch, call ``on_rows(indices, logits)`` with the sorted indices (into
+        ``tokens``) of the requested outputs in it and their logits, float32, shape
+        ``(len(indices), n_vocab)`` (a buffer reused between calls)."""
+        want = np.zeros(len(tokens), dtype=bool)
+        idx = np.fromiter(outputs, dtype=np.int64)
+        if idx.size:
+            if idx.min() < 0 or idx.max() >= len(tokens):
+                raise ValueError("output index out of range")
+            want[idx] = True
+        if pos0 + len(tokens) > self.n_ctx:
+            raise GGUFRopeError(f"{pos0 + len(tokens)} positions do not fit in n_ctx {self.n_ctx}")
+        b = self._batch
+        buf: np.ndarray | None = None
+        for s in range(0, len(tokens), self.n_batch):
+            e = min(len(tokens), s + self.n_batch)
+            rows = []
+            for j in range(s, e):
+                i = j - s
+                b.token[i] = int(tokens[j])
+                b.pos[i] = pos0 + j
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 1 if want[j] else 0
+                if want[j]:
+                    rows.append(j)
+            b.n_tokens = e - s
+            rc = self.lc.llama_decode(self.ctx, b)
+            if rc != 0:
+                raise GGUFRopeError(f"llama_decode failed (status {rc}) at positions {pos0 + s}..{pos0 + e - 1}")
+            self.n_decoded += e - s
+            if not rows:
+                continue
+            if buf is None or buf.shape[0] < len(rows):
+                buf = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+            for r, j in enumerate(rows):
+                ptr = self.lc.llama_get_logits_ith(self.ctx, j - s)
+                if not ptr:
+                    raise GGUFRopeError(f"no logits for batch index {j - s}")
+                buf[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            on_rows(rows, buf[: len(rows)])
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128) -> np.ndarray:
+    """-log softmax(logits)[target] per row, computed in float64 (``logits``: (n, V))."""
+    out = np.empty(len(targets), dtype=np.float64)
+    for s in range(0, len(targets), block):
+        x = logits[s : s + block].astype(np.float64)
+        m = x.max(axis=1)
+        lse = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
+        out[s : s + block] = lse - x[np.arange(len(x)), targets[s : s + block]]
+    return out
+
+
+def greedy_answer(dec: Decoder, tokens: Sequence[int], n_gen: int = DEFAULT_N_GEN) -> str:
+    """Evaluate ``tokens`` from an empty context, then decode up to ``n_gen`` tokens greedily
+    (stopping at an end-of-generation token); return the decoded text."""
+    import llama_cpp
+
+    dec.clear()
+    nxt: list[int] = []
+
+    def take(rows: list[int], logits: np.ndarray) -> None:
+        nxt.append(int(np.argmax(logits[-1])))
+
+    dec.decode(tokens, 0, [len(tokens) - 1], take)
+    out: list[int] = []
+    while True:
+        tok = nxt[-1]
+        if llama_cpp.llama_vocab_is_eog(dec.vocab, tok) or len(out) >= n_gen:
+            break
+        out.append(tok)
+        if len(out) < n_gen:
+            dec.decode([tok], len(tokens) + len(out) - 1, [0], take)
+    return dec.llm.detokenize(out).decode("utf-8", errors="replace")
+

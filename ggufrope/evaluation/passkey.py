@@ -1,0 +1,132 @@
+"""Passkey retrieval.
+
+The prompt is the one of Mohtashami & Jaggi (2023), as in the PI and YaRN papers: a task line,
+the filler "The grass is green. The sky is blue. ..." repeated, the line "The pass key is
+12345. Remember it. 12345 is the pass key." at a depth in [0, 1] of the filler, then "What is
+the pass key? The pass key is"; the prompt fills the context less the tokens to generate, the
+answer is decoded greedily (:func:`ggufrope.evaluation.decoder.greedy_answer`) and counts as
+correct when the 5-digit key appears in it.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import GGUFRopeError
+from .decoder import DEFAULT_N_GEN, Decoder, greedy_answer
+
+PASSKEY_TASK = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+PASSKEY_FILLER = (
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+)
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def passkey_line(key: int) -> str:
+    return f"The pass key is {key}. Remember it. {key} is the pass key."
+
+
+def passkey_text(key: int, n_sentences: int, depth: float) -> str:
+    """The prompt with ``n_sentences`` filler sentences, the key line after ``round(depth *
+    n_sentences)`` of them (depth 0: right after the task line, 1: right before the question)."""
+    if not 0.0 <= depth <= 1.0:
+        raise GGUFRopeError(f"passkey depth must be in [0, 1], got {depth}")
+    filler = [PASSKEY_FILLER[i % len(PASSKEY_FILLER)] for i in range(n_sentences)]
+    cut = int(round(depth * n_sentences))
+    parts = [PASSKEY_TASK, " ".join(filler[:cut]), passkey_line(key), " ".join(filler[cut:]), PASSKEY_QUESTION]
+    return "\n".join(p for p in parts if p)
+
+
+
+def build_passkey_tokens(dec: Decoder, key: int, depth: float, budget: int) -> tuple[list[int], int]:
+    """The passkey prompt for ``key`` at ``depth`` with as many filler sentences as fit in
+    ``budget`` tokens (BOS included); returns (tokens, filler sentences)."""
+
+    def toks(n: int) -> list[int]:
+        return dec.tokenize(passkey_text(key, n, depth))
+
+    base = len(toks(0))
+    if base > budget:
+        raise GGUFRopeError(f"the passkey prompt needs {base} tokens without filler; the context is too small")
+    per = (len(toks(100)) - base) / 100.0
+    n = max(0, int((budget - base) / per))
+    t = toks(n)
+    while len(t) > budget and n > 0:
+        n -= 1
+        t = toks(n)
+    while True:
+        t2 = toks(n + 1)
+        if len(t2) > budget:
+            break
+        n, t = n + 1, t2
+    return t, n
+
+
+def passkey_trials(trials: int, seed: int, depths: Sequence[float] | None) -> list[tuple[int, float]]:
+    """(key, depth) per trial: a random 5-digit key each; depths cycle through ``depths`` (or
+    are uniform in [0, 1] when ``depths`` is None). Deterministic in ``seed``."""
+    rng = random.Random(seed)
+    out = []
+    for t in range(trials):
+        key = rng.randint(10000, 99999)
+        depth = rng.random() if depths is None else float(depths[t % len(depths)])
+        out.append((key, depth))
+    return out
+
+
+def depth_bucket(depth: float, buckets: Sequence[float] = DEFAULT_DEPTHS) -> float:
+    return float(min(buckets, key=lambda b: (abs(b - depth), b)))
+
+
+
+def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
+            depths: Sequence[float] | None = DEFAULT_DEPTHS, n_gen: int = DEFAULT_N_GEN,
+            progress: bool = False, desc: str = "passkey") -> dict[str, Any]:
+    """Run ``trials`` passkey retrievals, each prompt filling ``n_ctx - n_gen`` tokens.
+
+    Returns a dict with the accuracy, the accuracy by depth bucket and every trial (key, depth,
+    prompt tokens, the greedy answer, correct)."""
+    from tqdm import tqdm
+
+    if n_ctx > dec.n_ctx:
+        raise GGUFRopeError(f"passkey length {n_ctx} exceeds the context {dec.n_ctx}")
+    rows = []
+    with tqdm(total=trials, unit="trial", desc=desc, disable=not progress, file=sys.stderr,
+              dynamic_ncols=True, leave=False) as bar:
+        for key, depth in passkey_trials(trials, seed, depths):
+            t0 = time.perf_counter()
+            toks, n_fill = build_passkey_tokens(dec, key, depth, n_ctx - n_gen)
+            answer = greedy_answer(dec, toks, n_gen)
+            ok = str(key) in answer
+            rows.append({"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
+                         "prompt_tokens": len(toks), "answer": answer, "correct": ok,
+                         "seconds": time.perf_counter() - t0})
+            bar.set_postfix(acc=f"{sum(r['correct'] for r in rows)}/{len(rows)}")
+            bar.update(1)
+    return summarize_passkey(rows)
+
+
+def summarize_passkey(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by: dict[float, list[bool]] = {}
+    for r in rows:
+        by.setdefault(r["bucket"], []).append(r["correct"])
+    return {
+        "accuracy": sum(r["correct"] for r in rows) / len(rows) if rows else None,
+        "correct": sum(r["correct"] for r in rows),
+        "trials": len(rows),
+        "by_depth": {f"{b:g}": {"accuracy": sum(v) / len(v), "trials": len(v)} for b, v in sorted(by.items())},
+        "rows": rows,
+        "seconds": sum(r["seconds"] for r in rows),
+    }

@@ -1,0 +1,116 @@
+"""The reports of a comparison grid: the markdown table (seed 000's Table 1 shape) and the plot."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..methods import dynamic_words
+
+#: names of the seed's Table 1 (seed 000) for the rows of the markdown table
+SEED_NAMES = {
+    "none": "Baseline",
+    "linear": "PI-RoPE (linear)",
+    "yarn": "YaRN",
+    "ntk": "NTK-RoPE (ntk, NTK-aware)",
+    "ntk-fixed": "NTK-RoPE-fixed",
+    "ntk-mixed": "NTK-RoPE-mixed",
+}
+
+
+def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False) -> str:
+    name = SEED_NAMES.get(method, method)
+    if method == "ntk-mixed" and exponent is not None:
+        name += f" (b={exponent:g})"
+    return name + (" dyn" if dynamic else "") + (" + log n" if logn else "")
+
+
+def markdown_table(res: dict[str, Any]) -> str:
+    """Seed 000's Table 1 shape: rows = methods without and with log-n (static k, then dynamic
+    k where the grid has it), columns = contexts, cells = perplexity beyond L / passkey
+    accuracy."""
+    L = res["model"]["n_ctx_orig"]
+    g = res["grid"]
+    ctxs = g["n_ctx"]
+    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
+    head = ["method"] + [f"{c} ({c / L:.3g}×L)" for c in ctxs]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ctxs)) + "|"]
+    any_paren = False
+    rows = [(m, ln, dyn) for m in g["methods"] for dyn in g.get("dynamic", [False]) for ln in g["logn"]
+            if (m, ln, dyn, ctxs[0]) in by]
+    for m, ln, dyn in rows:
+        cells = []
+        for c in ctxs:
+            cell = by[(m, ln, dyn, c)]
+            if cell["ppl_beyond"] is not None:
+                p = f"{cell['ppl_beyond']:.3f}"
+            elif cell["ppl"] is not None:
+                p = f"({cell['ppl']:.3f})"
+                any_paren = True
+            else:
+                p = "–"
+            a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
+            cells.append(f"{p} / {a}")
+        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn)} | "
+                     + " | ".join(cells) + " |")
+    notes = [
+        "",
+        f"Cells: perplexity of the tokens predicted from positions ≥ L = {L} (lower is better) / "
+        f"passkey retrieval accuracy over {g['trials']} trials (higher is better; – = not run).",
+    ]
+    if any_paren:
+        notes.append("A perplexity in parentheses is over all scored tokens: at that context no scored token is beyond L.")
+    ks = sorted({(c["n_ctx"], c["factor"]) for c in res["cells"] if c["factor"] is not None})
+    if ks:
+        notes.append("Factor k per context: " + ", ".join(f"{c}: k = {k:g}" for c, k in sorted(set(ks))) + ".")
+    if any(c.get("dynamic") for c in res["cells"]):
+        notes.append(f"dyn: {dynamic_words()} (llama.cpp chooses k as each window fills; no fixed k).")
+    texts = ", ".join(t["name"] for t in g["texts"]) or "none"
+    sf = "n_ctx/2" if g["score_from"] is None else str(g["score_from"])
+    notes.append(f"Texts: {texts}; windows per text: {g['max_windows'] or 'all'}; scored from position {sf} "
+                 "of each window (llama-perplexity's protocol).")
+    if res.get("builds"):
+        names = {"unrecorded": "a build not recorded (units cached before builds were)"}
+        notes.append("Units computed by: " + "; ".join(
+            f"{names.get(b, b)} ({n} unit{'s' if n != 1 else ''})" for b, n in sorted(res["builds"].items())) + ".")
+    if res.get("command"):
+        notes.append(f"Command: `{res['command']}`")
+    return "\n".join(lines + notes) + "\n"
+
+
+def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
+    """Perplexity (beyond L, else over all scored tokens) against context, one line per method,
+    dashed with log-n. Small PNG, Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    L = res["model"]["n_ctx_orig"]
+    g = res["grid"]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, m in enumerate(g["methods"]):
+        for dyn in g.get("dynamic", [False]):
+            for ln in g["logn"]:
+                xs, ys = [], []
+                for c in res["cells"]:
+                    if c["method"] == m and c["logn"] == ln and c.get("dynamic", False) == dyn:
+                        y = c["ppl_beyond"] if c["ppl_beyond"] is not None else c["ppl"]
+                        if y is not None:
+                            xs.append(c["n_ctx"])
+                            ys.append(y)
+                if xs:
+                    ax.plot(xs, ys, marker="s" if dyn else "o", linestyle=(":" if dyn else "--") if ln else
+                            ("-." if dyn else "-"), color=colors[i % len(colors)],
+                            label=m + (" dyn" if dyn else "") + (" + log n" if ln else ""))
+    ax.axvline(L, color="gray", linewidth=0.8, linestyle=":", label=f"L = {L}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context n_ctx (tokens)")
+    ax.set_ylabel("perplexity beyond L (else all scored)")
+    ax.set_title(f"{res['model']['name']} (L = {L})", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
