@@ -179,3 +179,11 @@ def patched_lib() -> str:
     v = runtime.library_version()
     assert v is not None, "llama-cpp-python's library is not the patched one: run make build"
     return v
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """The default real model (SmolLM2-135M-Instruct Q4_1, L = 8192), fetched into the cache."""
+    from ggufrope.models import default_model_path
+
+    return str(default_model_path())

@@ -259,6 +259,13 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
               help="Passkey trials per cell (0: no passkey).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--depths", default="0,0.25,0.5,0.75,1", show_default=True, help="Passkey depths, or 'random'.")
+@click.option("--tasks", "tasks_spec", default=None, metavar="T[,T...]",
+              help="RULER-lite tasks per cell (niah_single, niah_multikey, niah_multikey_uuid, vt, cwe, fwe, or all).")
+@click.option("--samples", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Samples per RULER-lite task and cell.")
+@click.option("--truncation/--no-truncation", default=True, show_default=True,
+              help="Beyond L, the truncation baseline row: the same retrieval prompts cut to their last L tokens, "
+                   "method none at L.")
 @click.option("-o", "--out", "out_dir", default="eval-results", show_default=True, metavar="DIR",
               help="Where results.json, results.md and ppl.png go.")
 @click.option("--cache", "cache_dir", default=None, metavar="DIR", help="Result cache.  [default: DIR/cache]")
@@ -269,7 +276,8 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
                      dynamic_ratio: float | None, exponent: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
-                     seed: int, depths: str, out_dir: str, cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
+                     seed: int, depths: str, tasks_spec: str | None, samples: int, truncation: bool, out_dir: str,
+                     cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Run the grid contexts x methods x dynamic k x log-n, resumably, and write the report.
 
@@ -285,7 +293,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     from .decoder import Setting
     from .grid import grid_configs, run_compare
     from .ppl import resolve_texts
-    from .report import markdown_table
+    from .report import report_markdown
 
     ctxs = parse_ints(n_ctxs)
     ms = parse_methods(methods)
@@ -299,8 +307,11 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     if not grid_configs(ctxs, ms, lns, dyns):
         raise GGUFRopeError("nothing to run: --dynamic on applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
     txts = [] if no_ppl else resolve_texts(texts)
-    if not txts and trials == 0:
-        raise GGUFRopeError("nothing to run: --no-ppl with --trials 0")
+    from .ruler import parse_tasks
+
+    tasks = parse_tasks(tasks_spec) if tasks_spec else []
+    if not txts and trials == 0 and not tasks:
+        raise GGUFRopeError("nothing to run: --no-ppl with --trials 0 and no --tasks")
     argv = ["ggufrope", "eval", "compare", model, "--n-ctx", ",".join(map(str, ctxs)), "--methods", ",".join(ms),
             "--logn", logn_spec]
     if dyns != [False]:
@@ -318,7 +329,12 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
         argv += ["--max-windows", str(max_windows)]
         if score_from is not None:
             argv += ["--score-from", str(score_from)]
-    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths, "--out", out_dir]
+    argv += ["--trials", str(trials), "--seed", str(seed), "--depths", depths]
+    if tasks:
+        argv += ["--tasks", ",".join(tasks), "--samples", str(samples)]
+    if not truncation:
+        argv += ["--no-truncation"]
+    argv += ["--out", out_dir]
     if cache_dir is not None:
         argv += ["--cache", cache_dir]
     if report_only:
@@ -326,11 +342,173 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     res, stats = run_compare(
         model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, dynamic_ratio=dynamic_ratio, factor=factor,
         exponent=exponent, texts=txts,
-        max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, out_dir=out_dir,
+        max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, ruler_tasks=tasks,
+        samples=samples, truncation=truncation, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
         report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),
     )
-    click.echo(markdown_table(res))
+    click.echo(report_markdown(res))
     stale = f" ({stats.stale} of them stale: cached by another build)" if stats.stale else ""
     click.echo(f"units: {stats.computed} computed{stale}, {stats.cached} from the cache, {stats.missing} not run; "
                f"wrote {os.path.join(out_dir, 'results.json')}, results.md, ppl.png")
+
+
+@eval_group.command("ruler", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
+              help="Context lengths (each prompt fills n_ctx less the task's answer tokens).  [default: 2 x L]")
+@_eval_method_options
+@click.option("--tasks", "tasks_spec", default="niah_single,vt", show_default=True, metavar="T[,T...]",
+              help="niah_single, niah_multikey, niah_multikey_uuid, vt, cwe, fwe, or all.")
+@click.option("--samples", type=click.IntRange(min=1), default=10, show_default=True, help="Samples per task.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the samples.")
+@click.option("--truncate", "truncate", is_flag=True,
+              help="The truncation baseline instead: the same prompts cut to their last L tokens, answered by the "
+                   "model at n_ctx = L without a method (-m must be none).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (every sample's answer).")
+@_eval_engine_options
+def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
+                   logn: bool, dynamic: bool, tasks_spec: str, samples: int, seed: int, truncate: bool, as_json: bool,
+                   n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+    """RULER-lite (Hsieh et al. 2024): the synthetic retrieval and aggregation tasks of RULER
+    that need no download, in the model's chat template, greedy, scored as RULER does
+    (string_match_all, percent), with the shuffled control (answers graded against another
+    sample's gold). Deterministic in --seed."""
+    from .decoder import Decoder, Setting, load_model, n_ctx_orig_of
+    from .ruler import parse_tasks, run_task
+
+    L = n_ctx_orig_of(model)
+    ctxs = parse_ints(n_ctxs) if n_ctxs else [2 * L]
+    tasks = parse_tasks(tasks_spec)
+    st = Setting(method, factor, exponent, logn, dynamic)
+    if truncate and (st.method != "none" or st.logn):
+        raise GGUFRopeError("--truncate is the baseline without a method: leave -m/--logn out")
+    out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": "truncate" if truncate else st.label(),
+                           "seed": seed, "results": {}}
+    for c in ctxs:
+        load_ctx = min(c, L) if truncate else c
+        llm = load_model(model, st, load_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                         threads=threads, verbose=verbose)
+        if not as_json:
+            _say_rope(llm)
+        with Decoder(llm) as dec:
+            for t in tasks:
+                r = run_task(dec, t, c, samples=samples, seed=seed, keep_last=L if truncate and c > L else None,
+                             progress=not as_json, desc=f"{t} {c}")
+                out["results"].setdefault(str(c), {})[t] = r
+                if not as_json:
+                    what = f"truncated to the last {L}" if truncate and c > L else st.label(c, L)
+                    click.echo(f"{what} @ {c} {t}: {r['score']:.1f} %  (shuffled control {r['control']:.1f} %, "
+                               f"{r['samples']} samples)")
+        del llm
+    if as_json:
+        click.echo(json.dumps(out, indent=2))
+
+
+@main.command("tune", context_settings=_CONTEXT)
+@click.argument("model", metavar="MODEL")
+@click.option("-c", "--n-ctx", "n_ctx", type=click.IntRange(min=16), required=True,
+              help="The context to tune for (> L).")
+@click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
+              help="Calibration text (repeatable): a UTF-8 file of at least n_ctx tokens, or a bundled document. "
+                   "[default: loc_workshop]")
+@click.option("--held-out", "held", multiple=True, metavar="NAME_OR_FILE",
+              help="Text for the held-out check, not used by the search.  [default: docutils_manual, or "
+                   "paradise_lost when that is calibration text]")
+@click.option("--retrieval", is_flag=True,
+              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity; the best score wins.")
+@click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True,
+              help="niah_single samples per setting with --retrieval.")
+@click.option("--quick", is_flag=True, help="Coarse search only (b, log-n, one attention factor): 8 settings.")
+@click.option("--score-from", type=click.IntRange(min=0), default=None,
+              help="First scored position of each window.  [default: L/2, so within-L tokens are scored too]")
+@click.option("-w", "--write", "write_out", default=None, metavar="OUT",
+              help="Apply the chosen setting to a copy of MODEL with `ggufrope set` (atomic; MODEL untouched).")
+@click.option("-o", "--out", "out_dir", default="tune-results", show_default=True, metavar="DIR",
+              help="Where tune.json and tune.md go.")
+@click.option("--cache", "cache_dir", default=None, metavar="DIR",
+              help="Unit cache (shared with eval compare).  [default: <ggufrope cache>/units]")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+@_eval_engine_options
+def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ...], retrieval: bool, samples: int,
+             quick: bool, score_from: int | None, write_out: str | None, out_dir: str, cache_dir: str | None,
+             quiet: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None,
+             verbose: bool) -> None:
+    """Search method x b x log-n x attention factor x k x dynamic k for MODEL at n_ctx on
+    calibration text, ranked by perplexity beyond L, with stock llama.cpp's YaRN and linear as
+    references; then score the chosen setting, the seed default (ntk-mixed b=0.625 + log-n)
+    and YaRN on held-out text. Resumable: every window is a cached unit.
+
+    \b
+    ggufrope tune model.gguf -c 16384
+    ggufrope tune model.gguf -c 32768 --text my-notes.txt --retrieval -w model-tuned.gguf
+    """
+    from . import tune as T
+    from .cache import Cache, atomic_json
+    from .ppl import resolve_texts, summarize_windows
+    from .units import UnitRunner
+
+    from ..models import cache_root
+    from tqdm import tqdm
+
+    cal = resolve_texts(list(texts) or ["loc_workshop"])
+    names = {t.name for t in cal}
+    hold = resolve_texts(list(held) or (["paradise_lost"] if "docutils_manual" in names else ["docutils_manual"]))
+    if names & {t.name for t in hold}:
+        raise GGUFRopeError(f"--held-out {', '.join(sorted(names & {t.name for t in hold}))} is also calibration text")
+    cache = Cache(cache_dir or cache_root() / "units")
+    with UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
+                    verbose=verbose, progress=not quiet) as runner:
+        L = runner.L
+        if n_ctx <= L:
+            raise GGUFRopeError(f"--n-ctx {n_ctx} is within the trained context L = {L}: nothing to tune")
+        sf = L // 2 if score_from is None else score_from
+        n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (3 * samples if retrieval else 0)
+        bar = tqdm(total=n_eval, unit="unit", desc="tune", disable=quiet, dynamic_ncols=True)
+
+        def pooled(st: T.Setting, txts: list) -> dict:
+            ws = []
+            for t in txts:
+                bar.set_description(f"tune: {st.label(n_ctx, L)} {t.name}")
+                r = runner.ppl(st, n_ctx, t, score_from=sf, max_windows=1)
+                bar.update(1)
+                ws += r["windows"]
+            s = summarize_windows(ws)
+            if s["ppl_beyond"] is None:
+                raise GGUFRopeError(f"no token beyond L = {L} is scored (--score-from {sf}, n_ctx {n_ctx})")
+            return s
+
+        search = T.Search(lambda st: pooled(st, cal)["ppl_beyond"], n_ctx / L, quick=quick,
+                          log=(lambda s: tqdm.write(s)) if not quiet else None)
+        chosen = search.run()
+        if retrieval:
+            def niah(st: T.Setting) -> float:
+                r = runner.ruler(st, n_ctx, "niah_single", samples=samples, seed=0)
+                bar.update(samples)
+                return r["score"]
+
+            chosen = T.choose_with_retrieval(search.trials, niah)
+        bar.total = bar.n + 3 * len(hold)
+        held_out = {name: pooled(st, hold) for name, st in
+                    (("chosen", chosen.setting), ("seed default", T.seed_default()), ("yarn", T.candidate("yarn")))}
+        bar.close()
+    md = T.markdown(search.trials, chosen, n_ctx=n_ctx, L=L, texts=[t.name for t in cal], held_out=held_out,
+                    held_texts=[t.name for t in hold], label=lambda st: st.label(n_ctx, L))
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_json(__import__("pathlib").Path(out_dir) / "tune.json", {
+        "model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "texts": [t.name for t in cal],
+        "held_out_texts": [t.name for t in hold], "score_from": sf, "quick": quick,
+        "trials": [{"label": t.setting.label(n_ctx, L), "stage": t.stage, "role": t.role, "ppl_beyond": t.score,
+                    **t.extra, "setting": T.setting_dict(t.setting)} for t in search.ranked()],
+        "chosen": T.setting_dict(chosen.setting), "held_out": held_out,
+        "units": {"computed": runner.stats.computed, "cached": runner.stats.cached, "stale": runner.stats.stale},
+        "wall_s_units": runner.wall_s,
+    })
+    with open(os.path.join(out_dir, "tune.md"), "w", encoding="utf-8") as f:
+        f.write(md)
+    click.echo(md)
+    click.echo(f"chosen: {chosen.setting.label(n_ctx, L)}; units: {runner.stats.computed} computed, "
+               f"{runner.stats.cached} from the cache; wrote {os.path.join(out_dir, 'tune.json')}, tune.md")
+    if write_out:
+        res = T.write(model, write_out, chosen.setting, n_ctx)
+        click.echo(f"wrote {write_out}: {res}")

@@ -21,18 +21,15 @@ from typing import Any
 
 from ..errors import GGUFRopeError
 from ..methods import DEFAULT_EXPONENT, entry
-from .cache import EVAL_VERSION, Cache, atomic_json, build_id, build_info, model_fingerprint, unit_key
-from .decoder import DEFAULT_N_GEN, Decoder, Setting, batch_sizes, load_model, n_ctx_orig_of
-from .passkey import DEFAULT_DEPTHS, passkey
-from .ppl import Text, check_score_from, perplexity, summarize_windows
-from .report import markdown_table, plot
+from .cache import EVAL_VERSION, Cache, atomic_json, model_fingerprint
+from .decoder import DEFAULT_N_GEN, Setting, n_ctx_orig_of
+from .passkey import DEFAULT_DEPTHS
+from .ppl import Text, check_score_from, summarize_windows
+from .report import plot, report_markdown
+from .units import FLASH_ATTN, GridStats, UnitRunner  # noqa: F401  (FLASH_ATTN, GridStats: re-exported)
 
 #: grid order of ``--methods all``
 ALL_METHODS = ("none", "linear", "yarn", "ntk", "ntk-fixed", "ntk-mixed")
-
-#: flash attention in the grid's models (``runtime.load``'s default, passed explicitly so that
-#: the build recorded with each unit is the one it ran with)
-FLASH_ATTN = True
 
 
 def grid_configs(n_ctxs: Sequence[int], methods: Sequence[str], logn_modes: Sequence[bool],
@@ -44,13 +41,8 @@ def grid_configs(n_ctxs: Sequence[int], methods: Sequence[str], logn_modes: Sequ
             if not dyn or entry(m).supports_dynamic]
 
 
-@dataclasses.dataclass
-class GridStats:
-    computed: int = 0
-    cached: int = 0
-    missing: int = 0  #: units neither cached nor computed (report_only)
-    models_loaded: int = 0
-    stale: int = 0  #: of the computed units, those cached by another build (recomputed, overwritten)
+def _ruler_cell(r: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if r is None else {"score": r["score"], "control": r["control"], "samples": r["samples"]}
 
 
 def machine_info() -> dict[str, Any]:
@@ -97,6 +89,9 @@ def run_compare(
     seed: int = 0,
     depths: Sequence[float] | None = DEFAULT_DEPTHS,
     n_gen: int = DEFAULT_N_GEN,
+    ruler_tasks: Sequence[str] = (),
+    samples: int = 10,
+    truncation: bool = True,
     out_dir: str | os.PathLike = "eval-results",
     cache_dir: str | os.PathLike | None = None,
     n_batch: int = 512,
@@ -118,7 +113,10 @@ def run_compare(
     cached, whichever build computed them (``results.json`` counts the units per build); a cell
     whose units are missing is reported as not run (None).
     ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only), with the
-    schedule's ratio ``dynamic_ratio`` (None: the library's 2)."""
+    schedule's ratio ``dynamic_ratio`` (None: the library's 2). ``ruler_tasks``: RULER-lite
+    tasks (:mod:`ggufrope.evaluation.ruler`), ``samples`` each. ``truncation``: for every
+    context beyond L with retrieval (passkey or RULER-lite), the truncation baseline row
+    ``truncate``: the same prompts cut to their last L tokens, method none at L."""
     from tqdm import tqdm
 
     for c in n_ctxs:
@@ -128,86 +126,50 @@ def run_compare(
     cache = Cache(cache_dir if cache_dir is not None else out / "cache")
     L = n_ctx_orig_of(model)
     fp = model_fingerprint(model, cache.root)
-    stats = GridStats()
     t_start = time.perf_counter()
     say = log or (lambda s: None)
 
-    tokens_by_text: dict[str, list[int]] = {}  # tokenized once, with the first model loaded
     configs = grid_configs(n_ctxs, methods, logn_modes, dynamic_modes)
     if not configs:
         raise GGUFRopeError("nothing to run: dynamic k applies to the NTK family only (ntk, ntk-fixed, ntk-mixed)")
-    units = []
+    dl = None if depths is None else list(depths)
+    none = Setting("none")
+    jobs: list[tuple[tuple, Callable[[], dict[str, Any] | None]]] = []
     for c, m, ln, dyn in configs:
         st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
-        base = unit_key(st, c, L, fp)
         for t in texts:
-            units.append((st, c, "ppl", t, {**base, "kind": "ppl", "text": t.name, "text_sha256": t.sha256,
-                                            "score_from": c // 2 if score_from is None else score_from,
-                                            "max_windows": max_windows}))
+            jobs.append(((m, ln, dyn, c, "ppl", t.name), lambda st=st, c=c, t=t: runner.ppl(
+                st, c, t, score_from=score_from, max_windows=max_windows)))
         if trials > 0:
-            units.append((st, c, "passkey", None, {**base, "kind": "passkey", "trials": trials, "seed": seed,
-                                                   "depths": None if depths is None else list(depths),
-                                                   "n_gen": n_gen}))
+            jobs.append(((m, ln, dyn, c, "passkey", None), lambda st=st, c=c: runner.passkey(
+                st, c, trials=trials, seed=seed, depths=dl, n_gen=n_gen)))
+        for task in ruler_tasks:
+            jobs.append(((m, ln, dyn, c, "ruler", task), lambda st=st, c=c, task=task: runner.ruler(
+                st, c, task, samples=samples, seed=seed)))
+    # the truncation baseline of every retrieval cell beyond L: the same prompts, their last L tokens
+    if truncation:
+        for c in n_ctxs:
+            if c <= L:
+                continue
+            if trials > 0:
+                jobs.append((("truncate", False, False, c, "passkey", None), lambda c=c: runner.passkey(
+                    none, L, trials=trials, seed=seed, depths=dl, n_gen=n_gen, truncate_from=c)))
+            for task in ruler_tasks:
+                jobs.append((("truncate", False, False, c, "ruler", task), lambda c=c, task=task: runner.ruler(
+                    none, L, task, samples=samples, seed=seed, truncate_from=c)))
 
     results: dict[tuple, dict[str, Any]] = {}
-    builds: dict[str, int] = {}  # units of the report per build
-    llm_key: tuple | None = None
-    dec: Decoder | None = None
-    llm = None
-    with tqdm(total=len(units), unit="unit", desc="compare", disable=not progress, file=sys.stderr,
-              dynamic_ncols=True) as bar:
-        for st, c, kind, text, key in units:
-            label = f"{st.label()} @ {c}" + (f" {text.name}" if text else " passkey")
-            bar.set_description(f"compare: {label}")
-            unit = cache.read(key)
-            if unit is None and report_only:
-                stats.missing += 1
-                say(f"missing  {label}")
-                bar.update(1)
-                continue
-            build = None if report_only else build_info(gpu_layers, FLASH_ATTN, batch_sizes(n_batch, n_ubatch, c)[1])
-            if unit is not None and not report_only and unit.get("build") != build:
-                stats.stale += 1
-                say(f"stale (another build) {label}: {build_id(unit.get('build'))}")
-                bar.set_description(f"compare: {label} stale (another build)")
-                unit = None
-            r = None if unit is None else unit["result"]
-            if r is None:
-                if llm_key != (st, c):
-                    if dec is not None:
-                        dec.close()
-                    dec = llm = None
-                    llm = load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
-                                     threads=threads, verbose=verbose, flash_attn=FLASH_ATTN)
-                    dec, llm_key = Decoder(llm), (st, c)
-                    stats.models_loaded += 1
-                t0 = time.perf_counter()
-                if kind == "ppl":
-                    if text.name not in tokens_by_text:
-                        tokens_by_text[text.name] = dec.tokenize(text.text)
-                    ws = perplexity(dec, tokens_by_text[text.name], c, L, score_from=score_from,
-                                    max_windows=max_windows, progress=progress, desc=text.name)
-                    r = {"windows": [dataclasses.asdict(w) for w in ws], **summarize_windows(ws)}
-                else:
-                    r = passkey(dec, c, trials=trials, seed=seed, depths=depths, n_gen=n_gen, progress=progress)
-                if st.dynamic:  # the k the last window / trial reached
-                    from ..runtime import factor_in_use
-
-                    r["factor_end"] = factor_in_use(llm)
-                r["wall_s"] = time.perf_counter() - t0
-                cache.put(key, r, build)
-                stats.computed += 1
-                say(f"computed {label}")
-            else:
-                build = unit.get("build")
-                stats.cached += 1
-                say(f"cached   {label}")
-            builds[build_id(build)] = builds.get(build_id(build), 0) + 1
-            results[(st.method, st.logn, st.dynamic, c, kind, text.name if text else None)] = r
+    runner = UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
+                        verbose=verbose, progress=progress, report_only=report_only, log=say)
+    with runner, tqdm(total=len(jobs), unit="unit", desc="compare", disable=not progress, file=sys.stderr,
+                      dynamic_ncols=True) as bar:
+        for rk, job in jobs:
+            bar.set_description(f"compare: {rk[0]}{' + log-n' if rk[1] else ''} @ {rk[3]} {rk[5] or rk[4]}")
+            r = job()
+            if r is not None:
+                results[rk] = r
             bar.update(1)
-    if dec is not None:
-        dec.close()
-    del llm
+    stats, builds = runner.stats, runner.builds
 
     cells = []
     for c, m, ln, dyn in configs:
@@ -225,11 +187,24 @@ def run_compare(
             "ppl_within": pooled and pooled["ppl_within"],
             "scored_tokens": pooled and pooled["count"], "scored_tokens_beyond": pooled and pooled["count_beyond"],
             "scored_tokens_within": pooled and pooled["count_within"],
-            "ppl_by_text": {n: {"ppl": d["ppl"], "ppl_beyond": d["ppl_beyond"], "windows": d["n_windows"]}
+            "ppl_by_text": {n: {"ppl": d["ppl"], "ppl_beyond": d["ppl_beyond"], "ppl_within": summarize_windows(d["windows"])["ppl_within"],
+                                "windows": d["n_windows"]}
                             for n, d in docs.items()},
             "passkey_accuracy": pk and pk["accuracy"], "passkey_by_depth": pk and pk["by_depth"],
             "passkey_trials": pk and pk["trials"],
+            **({"ruler": {t: _ruler_cell(results.get((m, ln, dyn, c, "ruler", t))) for t in ruler_tasks}}
+               if ruler_tasks else {}),
         })
+    for c in n_ctxs:  # the truncation baseline rows
+        pk = results.get(("truncate", False, False, c, "passkey", None))
+        rl = {t: _ruler_cell(results.get(("truncate", False, False, c, "ruler", t))) for t in ruler_tasks}
+        if pk is not None or any(v is not None for v in rl.values()):
+            cells.append({"n_ctx": c, "method": "truncate", "logn": False, "label": f"truncate to L = {L}",
+                          "factor": None, "exponent": None, "ppl": None, "ppl_beyond": None, "ppl_within": None,
+                          "scored_tokens": None, "scored_tokens_beyond": None, "scored_tokens_within": None,
+                          "ppl_by_text": {}, "passkey_accuracy": pk and pk["accuracy"],
+                          "passkey_by_depth": pk and pk["by_depth"], "passkey_trials": pk and pk["trials"],
+                          "ruler": rl})
     res = {
         "eval_version": EVAL_VERSION,
         "command": command,
@@ -239,16 +214,17 @@ def run_compare(
                  "exponent": exponent, "texts": [{"name": t.name, "sha256": t.sha256} for t in texts],
                  "max_windows": max_windows, "score_from": score_from, "trials": trials, "seed": seed,
                  "depths": None if depths is None else list(depths), "n_gen": n_gen,
-                 "n_batch": n_batch, "gpu_layers": gpu_layers},
+                 "n_batch": n_batch, "gpu_layers": gpu_layers,
+                 **({"ruler_tasks": list(ruler_tasks), "samples": samples} if ruler_tasks else {})},
         "cells": cells,
         "machine": machine_info(),  # of this run: with report_only, not the one that computed the units
         "report_only": report_only,
         "wall_s_this_run": time.perf_counter() - t_start,
-        "wall_s_all_units": sum(r.get("wall_s", 0.0) for r in results.values()),
+        "wall_s_all_units": runner.wall_s,
         "units": {"computed": stats.computed, "cached": stats.cached, "missing": stats.missing, "stale": stats.stale},
         "builds": builds,  # the units of this report per build that computed them
     }
     atomic_json(out / "results.json", res)
-    (out / "results.md").write_text(markdown_table(res), encoding="utf-8")
+    (out / "results.md").write_text(report_markdown(res), encoding="utf-8")
     plot(res, out / "ppl.png")
     return res, stats

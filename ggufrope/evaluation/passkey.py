@@ -93,21 +93,27 @@ def depth_bucket(depth: float, buckets: Sequence[float] = DEFAULT_DEPTHS) -> flo
 
 def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
             depths: Sequence[float] | None = DEFAULT_DEPTHS, n_gen: int = DEFAULT_N_GEN,
-            progress: bool = False, desc: str = "passkey") -> dict[str, Any]:
+            progress: bool = False, desc: str = "passkey", keep_last: int | None = None) -> dict[str, Any]:
     """Run ``trials`` passkey retrievals, each prompt filling ``n_ctx - n_gen`` tokens.
 
-    Returns a dict with the accuracy, the accuracy by depth bucket and every trial (key, depth,
-    prompt tokens, the greedy answer, correct)."""
+    ``keep_last``: the truncation baseline: each prompt cut to its last ``keep_last - n_gen``
+    tokens (:func:`ggufrope.evaluation.ruler.truncate`; ``dec`` then holds the model at
+    ``keep_last`` without a method). Returns a dict with the accuracy, the accuracy by depth
+    bucket and every trial (key, depth, prompt tokens, the greedy answer, correct)."""
     from tqdm import tqdm
 
-    if n_ctx > dec.n_ctx:
-        raise GGUFRopeError(f"passkey length {n_ctx} exceeds the context {dec.n_ctx}")
+    from .ruler import truncate
+
+    if (keep_last or n_ctx) > dec.n_ctx:
+        raise GGUFRopeError(f"passkey length {keep_last or n_ctx} exceeds the context {dec.n_ctx}")
     rows = []
     with tqdm(total=trials, unit="trial", desc=desc, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
         for key, depth in passkey_trials(trials, seed, depths):
             t0 = time.perf_counter()
             toks, n_fill = build_passkey_tokens(dec, key, depth, n_ctx - n_gen)
+            if keep_last is not None:
+                toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
             answer = greedy_answer(dec, toks, n_gen)
             ok = str(key) in answer
             rows.append({"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,

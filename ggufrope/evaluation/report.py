@@ -114,3 +114,95 @@ def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _rows(res: dict[str, Any]) -> list[tuple[str, bool, bool]]:
+    g = res["grid"]
+    keys = {(c["method"], c["logn"], c.get("dynamic", False)) for c in res["cells"]}
+    rows = [(m, ln, dyn) for m in g["methods"] for dyn in g.get("dynamic", [False]) for ln in g["logn"]
+            if (m, ln, dyn) in keys]
+    return rows + ([("truncate", False, False)] if ("truncate", False, False) in keys else [])
+
+
+def _name(res: dict[str, Any], m: str, ln: bool, dyn: bool) -> str:
+    if m == "truncate":
+        return f"Truncation baseline (last L = {res['model']['n_ctx_orig']} tokens, none)"
+    return _row_name(m, ln, res["grid"]["exponent"] if m == "ntk-mixed" else None, dyn)
+
+
+def ppl_by_text_table(res: dict[str, Any]) -> str:
+    """Rows = methods, columns = context x document; cells = perplexity beyond L / within L
+    (tokens predicted from positions < L, when the grid scores any: ``--score-from`` < L)."""
+    g = res["grid"]
+    texts = [t["name"] for t in g["texts"]]
+    ctxs = g["n_ctx"]
+    L = res["model"]["n_ctx_orig"]
+    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
+    head = ["method"] + [f"{t} @ {c} ({c / L:.3g}×L)" for c in ctxs for t in texts]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for m, ln, dyn in _rows(res):
+        if m == "truncate":
+            continue
+        cells = []
+        for c in ctxs:
+            cell = by.get((m, ln, dyn, c))
+            for t in texts:
+                d = (cell or {}).get("ppl_by_text", {}).get(t)
+                if not d:
+                    cells.append("–")
+                    continue
+                b, w = d.get("ppl_beyond"), d.get("ppl_within")
+                cells.append(" / ".join(["–" if v is None else f"{v:.3f}" for v in (b, w)]))
+        lines.append(f"| {_name(res, m, ln, dyn)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", f"Cells: perplexity beyond L (tokens predicted from positions ≥ {L}) / within L "
+                              f"(positions {g['score_from'] if g['score_from'] is not None else 'n_ctx/2'} … {L - 1}; "
+                              "– where none is scored), one window per document."]) + "\n"
+
+
+def retrieval_table(res: dict[str, Any]) -> str:
+    """Rows = methods and the truncation baseline, columns = context x task (passkey, RULER-lite
+    tasks); cells = score in percent (RULER's string_match_all; passkey: accuracy)."""
+    g = res["grid"]
+    tasks = (["passkey"] if g.get("trials") else []) + list(g.get("ruler_tasks", []))
+    ctxs = g["n_ctx"]
+    L = res["model"]["n_ctx_orig"]
+    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
+    head = ["method"] + [f"{t} @ {c}" for c in ctxs for t in tasks]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    controls = []
+    for m, ln, dyn in _rows(res):
+        cells = []
+        for c in ctxs:
+            cell = by.get((m, ln, dyn, c)) or {}
+            for t in tasks:
+                if t == "passkey":
+                    a = cell.get("passkey_accuracy")
+                    cells.append("–" if a is None else f"{100 * a:.0f}")
+                else:
+                    r = (cell.get("ruler") or {}).get(t)
+                    cells.append("–" if r is None else f"{r['score']:.0f}")
+                    if r is not None:
+                        controls.append(r["control"])
+        lines.append(f"| {_name(res, m, ln, dyn)} | " + " | ".join(cells) + " |")
+    n = g.get("samples") if g.get("ruler_tasks") else None
+    notes = ["", "Cells: retrieval score in percent (higher is better; – = not run): passkey accuracy over "
+             f"{g.get('trials')} trials" + (f"; RULER-lite string_match_all over {n} samples a cell" if n else "") + "."]
+    if controls:
+        notes.append(f"Shuffled control (each answer graded against another sample's gold): at most "
+                     f"{max(controls):.0f} % in any cell.")
+    notes.append(f"Truncation baseline: the same prompts cut to their last L = {L} tokens, no method, n_ctx = L.")
+    return "\n".join(lines + notes) + "\n"
+
+
+def report_markdown(res: dict[str, Any]) -> str:
+    """``results.md``: :func:`markdown_table`, then, where the grid has them, the perplexity by
+    document (several texts, or within-L tokens scored) and the retrieval table (RULER-lite tasks
+    or truncation-baseline rows)."""
+    g = res["grid"]
+    parts = [markdown_table(res)]
+    within = g.get("score_from") is not None and g["score_from"] < res["model"]["n_ctx_orig"]
+    if len(g["texts"]) > 1 or (g["texts"] and within):
+        parts.append(ppl_by_text_table(res))
+    if g.get("ruler_tasks") or any(c["method"] == "truncate" for c in res["cells"]):
+        parts.append(retrieval_table(res))
+    return "\n".join(parts)

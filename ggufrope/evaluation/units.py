@@ -1,0 +1,186 @@
+"""One evaluation unit at a time, through the cache: the unit keys (perplexity of one text,
+a passkey trial set, a RULER-lite task) and :class:`UnitRunner`, which reads a unit from the
+cache when the same build computed it and otherwise loads the model (once per setting and
+n_ctx) and computes it. The comparison grid (:mod:`ggufrope.evaluation.grid`) and ``ggufrope
+tune`` (:mod:`ggufrope.evaluation.tune`) both evaluate through it, so their units are shared.
+
+**Truncation baseline** units (``keep_last`` = L): the prompts of a retrieval task built for a
+longer ``n_ctx``, cut to their last L tokens and answered by the model without a method at
+n_ctx = L (:func:`ggufrope.evaluation.ruler.truncate`); their key is method ``none`` at L
+with ``prompt_n_ctx`` = the n_ctx the prompts were built for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .cache import Cache, build_id, build_info, model_fingerprint, unit_key
+from .decoder import Decoder, Setting, batch_sizes, load_model, n_ctx_orig_of
+from .ppl import Text, perplexity, summarize_windows
+
+#: flash attention in the evaluation's models (``runtime.load``'s default, passed explicitly so
+#: that the build recorded with each unit is the one it ran with)
+FLASH_ATTN = True
+
+
+@dataclasses.dataclass
+class GridStats:
+    computed: int = 0
+    cached: int = 0
+    missing: int = 0  #: units neither cached nor computed (report_only)
+    models_loaded: int = 0
+    stale: int = 0  #: of the computed units, those cached by another build (recomputed, overwritten)
+
+
+class UnitRunner:
+    """Evaluates units of ``model`` through ``cache`` (:class:`ggufrope.evaluation.cache.Cache`).
+
+    ``report_only``: compute nothing; a unit not cached is None (counted missing), a cached
+    one is used whichever build computed it. Otherwise a unit is reused only when the build it
+    records is this one (:func:`ggufrope.evaluation.cache.build_info`); a stale one is
+    recomputed and overwritten. ``builds`` counts the units used per build. Call
+    :meth:`close` (or use ``with``) to free the model."""
+
+    def __init__(self, model: str | os.PathLike, cache: Cache, *, n_batch: int = 512, n_ubatch: int | None = None,
+                 gpu_layers: int = 0, threads: int | None = None, verbose: bool = False, progress: bool = True,
+                 report_only: bool = False, log: Callable[[str], None] | None = None):
+        self.model = model
+        self.cache = cache
+        self.L = n_ctx_orig_of(model)
+        self.fp = model_fingerprint(model, cache.root)
+        self.n_batch, self.n_ubatch = n_batch, n_ubatch
+        self.gpu_layers, self.threads, self.verbose = gpu_layers, threads, verbose
+        self.progress, self.report_only = progress, report_only
+        self.say = log or (lambda s: None)
+        self.stats = GridStats()
+        self.builds: dict[str, int] = {}
+        self.wall_s = 0.0  #: sum of the ``wall_s`` of the units used
+        self._tokens: dict[str, list[int]] = {}
+        self._loaded: tuple | None = None
+        self.dec: Decoder | None = None
+        self.llm: Any = None
+
+    # keys
+
+    def ppl_key(self, st: Setting, n_ctx: int, text: Text, score_from: int | None, max_windows: int | None) -> dict:
+        return {**unit_key(st, n_ctx, self.L, self.fp), "kind": "ppl", "text": text.name, "text_sha256": text.sha256,
+                "score_from": n_ctx // 2 if score_from is None else score_from, "max_windows": max_windows}
+
+    def passkey_key(self, st: Setting, n_ctx: int, trials: int, seed: int, depths: list[float] | None, n_gen: int,
+                    prompt_n_ctx: int | None = None) -> dict:
+        return {**unit_key(st, n_ctx, self.L, self.fp), "kind": "passkey", "trials": trials, "seed": seed,
+                "depths": depths, "n_gen": n_gen,
+                **({"prompt_n_ctx": prompt_n_ctx} if prompt_n_ctx is not None else {})}
+
+    def ruler_key(self, st: Setting, n_ctx: int, task: str, samples: int, seed: int,
+                  prompt_n_ctx: int | None = None) -> dict:
+        from .ruler import N_GEN
+
+        return {**unit_key(st, n_ctx, self.L, self.fp), "kind": "ruler", "task": task, "samples": samples,
+                "seed": seed, "n_gen": N_GEN[task], **({"prompt_n_ctx": prompt_n_ctx} if prompt_n_ctx else {})}
+
+    # evaluation
+
+    def _decoder(self, st: Setting, n_ctx: int) -> Decoder:
+        if self._loaded != (st, n_ctx):
+            self._free()
+            self.llm = load_model(self.model, st, n_ctx, n_batch=self.n_batch, n_ubatch=self.n_ubatch,
+                                  gpu_layers=self.gpu_layers, threads=self.threads, verbose=self.verbose,
+                                  flash_attn=FLASH_ATTN)
+            self.dec, self._loaded = Decoder(self.llm), (st, n_ctx)
+            self.stats.models_loaded += 1
+        assert self.dec is not None
+        return self.dec
+
+    def unit(self, st: Setting, n_ctx: int, key: dict, label: str,
+             compute: Callable[[Decoder], dict[str, Any]]) -> dict[str, Any] | None:
+        """The result of the unit ``key`` (``st`` at ``n_ctx``): cached, or ``compute(decoder)``
+        on the model loaded with ``st`` at ``n_ctx`` (stored with the build and ``wall_s``)."""
+        unit = self.cache.read(key)
+        if unit is None and self.report_only:
+            self.stats.missing += 1
+            self.say(f"missing  {label}")
+            return None
+        build = None if self.report_only else build_info(self.gpu_layers, FLASH_ATTN,
+                                                         batch_sizes(self.n_batch, self.n_ubatch, n_ctx)[1])
+        if unit is not None and not self.report_only and unit.get("build") != build:
+            self.stats.stale += 1
+            self.say(f"stale (another build) {label}: {build_id(unit.get('build'))}")
+            unit = None
+        if unit is None:
+            dec = self._decoder(st, n_ctx)
+            t0 = time.perf_counter()
+            r = compute(dec)
+            if st.dynamic:  # the k the last window / trial reached
+                from ..runtime import factor_in_use
+
+                r["factor_end"] = factor_in_use(self.llm)
+            r["wall_s"] = time.perf_counter() - t0
+            self.cache.put(key, r, build)
+            self.stats.computed += 1
+            self.say(f"computed {label}")
+        else:
+            r, build = unit["result"], unit.get("build")
+            self.stats.cached += 1
+            self.say(f"cached   {label}")
+        self.builds[build_id(build)] = self.builds.get(build_id(build), 0) + 1
+        self.wall_s += r.get("wall_s", 0.0)
+        return r
+
+    def ppl(self, st: Setting, n_ctx: int, text: Text, *, score_from: int | None = None,
+            max_windows: int | None = 1) -> dict[str, Any] | None:
+        """Perplexity of ``text`` (:func:`ggufrope.evaluation.ppl.perplexity`): windows and their
+        pooled summary (``ppl``, ``ppl_beyond``, ``ppl_within``, ...)."""
+
+        def compute(dec: Decoder) -> dict[str, Any]:
+            if text.name not in self._tokens:
+                self._tokens[text.name] = dec.tokenize(text.text)
+            ws = perplexity(dec, self._tokens[text.name], n_ctx, self.L, score_from=score_from,
+                            max_windows=max_windows, progress=self.progress, desc=text.name)
+            return {"windows": [dataclasses.asdict(w) for w in ws], **summarize_windows(ws)}
+
+        return self.unit(st, n_ctx, self.ppl_key(st, n_ctx, text, score_from, max_windows),
+                         f"{st.label()} @ {n_ctx} {text.name}", compute)
+
+    def passkey(self, st: Setting, n_ctx: int, *, trials: int, seed: int, depths: list[float] | None, n_gen: int,
+                truncate_from: int | None = None) -> dict[str, Any] | None:
+        """Passkey retrieval (:func:`ggufrope.evaluation.passkey.passkey`); ``truncate_from``: the
+        truncation baseline of prompts built for that n_ctx, cut to their last ``n_ctx``."""
+        from .passkey import passkey
+
+        key = self.passkey_key(st, n_ctx, trials, seed, depths, n_gen, truncate_from)
+        label = f"{st.label()} @ {n_ctx} passkey" + (f" (prompts of {truncate_from}, truncated)" if truncate_from else "")
+        return self.unit(st, n_ctx, key, label, lambda dec: passkey(
+            dec, truncate_from or n_ctx, trials=trials, seed=seed, depths=depths, n_gen=n_gen,
+            progress=self.progress, keep_last=n_ctx if truncate_from else None))
+
+    def ruler(self, st: Setting, n_ctx: int, task: str, *, samples: int, seed: int,
+              truncate_from: int | None = None) -> dict[str, Any] | None:
+        """A RULER-lite task (:func:`ggufrope.evaluation.ruler.run_task`); ``truncate_from`` as
+        for :meth:`passkey`."""
+        from .ruler import run_task
+
+        key = self.ruler_key(st, n_ctx, task, samples, seed, truncate_from)
+        label = f"{st.label()} @ {n_ctx} {task}" + (f" (prompts of {truncate_from}, truncated)" if truncate_from else "")
+        return self.unit(st, n_ctx, key, label, lambda dec: run_task(
+            dec, task, truncate_from or n_ctx, samples=samples, seed=seed,
+            keep_last=n_ctx if truncate_from else None, progress=self.progress))
+
+    def _free(self) -> None:
+        if self.dec is not None:
+            self.dec.close()
+        self.dec = self.llm = None
+        self._loaded = None
+
+    def close(self) -> None:
+        self._free()
+
+    def __enter__(self) -> UnitRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

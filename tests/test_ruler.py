@@ -1,0 +1,227 @@
+"""RULER-lite (ggufrope/evaluation/ruler.py): the generators against RULER's task definitions,
+the scorer against hand-computed values, and every task on the real model at a short context
+(within L), with the shuffled control and the truncation baseline.
+
+References: RULER (Hsieh et al. 2024), github.com/NVIDIA/RULER scripts/data/synthetic/*.py and
+scripts/eval/synthetic/constants.py (string_match_all). The expected values below are written
+from those definitions, not from the code under test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+
+import pytest
+
+from ggufrope.errors import GGUFRopeError
+from ggufrope.evaluation import ruler as R
+
+THREADS = os.cpu_count() or 1
+
+
+# --- generators: deterministic, and shaped as RULER defines the tasks ---------------------------
+
+
+@pytest.mark.parametrize("task", R.TASKS)
+def test_generator_is_deterministic_and_seeded(task):
+    a = R.make_sample(task, 0, 3, 200)
+    assert a == R.make_sample(task, 0, 3, 200)
+    assert a.message != R.make_sample(task, 1, 3, 200).message  # another seed, another sample
+    assert a.message != R.make_sample(task, 0, 4, 200).message  # another index, another sample
+    assert a.gold and all(g for g in a.gold)
+
+
+def test_niah_single_one_needle_with_a_seven_digit_value_in_the_noise():
+    s = R.make_sample("niah_single", 0, 0, 300)
+    (value,) = s.gold
+    assert re.fullmatch(r"[1-9]\d{6}", value)
+    lines = s.message.split("\n")
+    needles = [ln for ln in lines if ln.startswith("One of the special magic numbers for ")]
+    assert len(needles) == 1 and needles[0].endswith(f" is: {value}.")
+    key = needles[0][len("One of the special magic numbers for "):].split(" is: ")[0]
+    assert re.fullmatch(r"[a-z]+-[a-z]+", key)  # adjective-noun, as RULER's wonderwords keys
+    assert lines.count("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.") == 300
+    assert lines[-1] == f"What is the special magic number for {key} mentioned in the provided text?"
+    assert s.answer_prefix == f" The special magic number for {key} mentioned in the provided text is"
+    assert s.message.count(value) == 1
+    # the needle sits where the depth says
+    assert lines.index(needles[0]) - 1 == round(s.depth * 300)
+
+
+@pytest.mark.parametrize("task,pat", [("niah_multikey", r"[1-9]\d{6}"),
+                                      ("niah_multikey_uuid", r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")])
+def test_niah_multikey_every_line_is_a_needle_only_one_for_the_query(task, pat):
+    s = R.make_sample(task, 2, 1, 120)
+    kind = "uuids" if "uuid" in task else "numbers"
+    lines = s.message.split("\n")[1:-1]
+    assert len(lines) == 121
+    keys = []
+    for ln in lines:
+        m = re.fullmatch(rf"One of the special magic {kind} for (\S+) is: ({pat})\.", ln)
+        assert m, ln
+        keys.append(m.group(1))
+    query = re.search(r"for (\S+) mentioned", s.answer_prefix).group(1)
+    assert keys.count(query) == 1  # the distractors never reuse the queried key
+    assert lines[keys.index(query)].endswith(f" is: {s.gold[0]}.")
+
+
+def test_vt_one_chain_of_four_hops_after_a_worked_example():
+    s = R.make_sample("vt", 0, 0, 200)
+    assert len(s.gold) == 5 and all(re.fullmatch(r"[A-Z]{5}", v) for v in s.gold)
+    example, task = s.message.split("\n\n", 2)[0:2], s.message.split("\n\n")[-2:]
+    body = s.message[s.message.rindex("Memorize and track"):]
+    assigns = re.findall(r"^VAR ([A-Z]{5}) = (.+)$", body, flags=re.M)
+    assert len(assigns) == 5
+    value = re.search(r"assigned the value (\d{5}) in the text above", body).group(1)
+    # follow the chain from the value as a reader would
+    chain = {a: b for a, b in assigns}
+    found = [a for a, b in assigns if b == value]
+    while len(found) < 5:
+        nxt = [a for a, b in chain.items() if b == f"VAR {found[-1]}"]
+        assert len(nxt) == 1
+        found.append(nxt[0])
+    assert tuple(found) == s.gold
+    assert s.answer_prefix.startswith(" Answer: According to the chain(s) of variable assignment in the text above, 5 ")
+    # the worked example carries its own answer (5 names) before the task
+    head = s.message[: s.message.rindex("Memorize and track")]
+    assert re.search(r"they are: ([A-Z]{5} ){4}[A-Z]{5}\n", head)
+    del example, task
+
+
+@pytest.mark.parametrize("long,common,rare", [(False, 6, 1), (True, 30, 3)])
+def test_cwe_ten_words_repeated_more_than_the_rest(long, common, rare):
+    s = R.make_sample("cwe", 0, 0, 60, long=long)
+    listing = s.message.split("\n")[-2]
+    words = re.findall(r"\d+\. ([a-z]+)", listing)
+    c = Counter(words)
+    assert len(s.gold) == 10 and all(c[g] == common for g in s.gold)
+    assert all(n == rare for w, n in c.items() if w not in s.gold)
+    assert len(c) == 60
+    # numbered 1..N in order
+    assert re.findall(r"(\d+)\. ", listing) == [str(i) for i in range(1, len(words) + 1)]
+
+
+def test_fwe_zipf_counts_and_the_dots_excluded():
+    s = R.make_sample("fwe", 0, 0, 3000)
+    body = s.message.split("coded words. ", 1)[1].split("\nQuestion:")[0]
+    c = Counter(body.split())
+    # Zipf with alpha = 2: count(rank r) = int(3000 r^-2 / zeta(2)), zeta(2) = pi^2/6 = 1.6449
+    assert c["..."] == 1823  # int(3000 / 1.644934)
+    assert [c[g] for g in s.gold] == [455, 202, 113]  # int(3000/4/1.6449), int(3000/9/...), int(3000/16/...)
+    assert c.most_common(4)[0][0] == "..." and tuple(w for w, _ in c.most_common(4)[1:]) == s.gold
+
+
+def test_unknown_task_and_bad_size_are_one_line_errors():
+    with pytest.raises(GGUFRopeError, match="unknown RULER-lite task 'qa'"):
+        R.make_sample("qa", 0, 0, 10)
+    with pytest.raises(GGUFRopeError, match="--tasks: unknown nope"):
+        R.parse_tasks("niah_single,nope")
+    assert R.parse_tasks("all") == list(R.TASKS)
+    assert R.parse_tasks("vt, vt,cwe") == ["vt", "cwe"]
+
+
+# --- scoring: RULER's string_match_all ----------------------------------------------------------
+
+
+def test_score_is_string_match_all():
+    assert R.score(" 1234567.", ["1234567"]) == 1.0
+    assert R.score("ABCDE, FGHIJ", ["abcde", "fghij", "klmno", "pqrst", "uvwxy"]) == 0.4  # 2 of 5, any case
+    assert R.score("nothing here", ["x1"]) == 0.0
+    # the control pairs answer i with the gold of i + 1
+    # "a b" vs ["b"]: 1, "c" vs ["c"]: 1, "d" vs ["a"]: 0
+    assert R.shuffled_control(["a b", "c", "d"], [["a"], ["b"], ["c"]]) == pytest.approx(100 * 2 / 3)
+    assert R.shuffled_control(["7"], [["7"]]) == 0.0
+
+
+def test_truncate_keeps_the_end_and_bos():
+    assert R.truncate([9, 1, 2, 3, 4, 5], 3, None) == [3, 4, 5]
+    assert R.truncate([9, 1, 2, 3, 4, 5], 3, 9) == [9, 4, 5]
+    assert R.truncate([9, 1, 2], 5, 9) == [9, 1, 2]
+
+
+# --- the real model (SmolLM2-135M-Instruct, L = 8192), within L ---------------------------------
+
+N_CTX = 2048
+SAMPLES = 10
+
+
+@pytest.fixture(scope="module")
+def dec(patched_lib, smollm2):
+    from ggufrope.evaluation.decoder import Decoder, Setting, load_model
+
+    llm = load_model(smollm2, Setting("none"), N_CTX, n_batch=512, threads=THREADS)
+    with Decoder(llm) as d:
+        yield d
+
+
+@pytest.mark.real_model
+def test_prompts_fill_the_context_in_the_chat_template(dec):
+    p = R.Prompter(dec.llm)
+    assert p.chat  # SmolLM2-Instruct ships a chat template: ChatML markers
+    s, toks = R.fit_sample(p, "niah_single", 0, 0, N_CTX - 32)
+    text = p.text(s)
+    assert text.startswith("<|im_start|>") and "<|im_start|>assistant\n" in text
+    assert text.endswith("mentioned in the provided text is")
+    assert N_CTX - 32 - 30 <= len(toks) <= N_CTX - 32  # one more line of noise would not fit
+    bigger = R.make_sample("niah_single", 0, 0, s.size + 1)
+    assert len(p.tokens(bigger)) > N_CTX - 32
+    assert R.fit_sample(p, "niah_single", 0, 0, N_CTX - 32)[1] == toks  # deterministic
+
+
+#: the context of each task's CI test (niah_single at 2048, as the issue asks; the rest at 1024 to keep
+#: CI short) and the score measured on this project's machine (2026-11-23, 2-core AMD EPYC, CPU build,
+#: 10 samples, seed 0). SmolLM2-135M finds a single needle every time but fails the harder tasks even
+#: within L; the bounds leave room for another CPU's float rounding, not for another result.
+CTX = {"niah_single": 2048, "niah_multikey": 1024, "niah_multikey_uuid": 1024, "vt": 1024, "cwe": 1024, "fwe": 1024}
+MEASURED = {"niah_single": 100.0, "niah_multikey": None, "niah_multikey_uuid": None, "vt": None, "cwe": None,
+            "fwe": None}
+_RUNS: dict = {}
+
+
+def _run(dec, task, **kw):
+    key = (task, tuple(sorted(kw.items())))
+    if key not in _RUNS:
+        _RUNS[key] = R.run_task(dec, task, CTX[task], samples=SAMPLES, seed=0, **kw)
+    return _RUNS[key]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("task", R.TASKS)
+def test_task_on_the_real_model_within_L(dec, task):
+    n_ctx = CTX[task]
+    r = _run(dec, task)
+    print(f"\n{task} @ {n_ctx}: score {r['score']:.1f} %, shuffled control {r['control']:.1f} %; answers "
+          + " | ".join(repr(x["answer"][:40]) for x in r["rows"][:3]))
+    assert r["samples"] == SAMPLES
+    assert all(n_ctx - R.N_GEN[task] - 200 <= x["prompt_tokens"] <= n_ctx - R.N_GEN[task] for x in r["rows"])
+    assert r["control"] <= 10.0  # answers graded against another sample's gold: near zero
+    if task == "niah_single":
+        assert r["score"] >= 80.0  # the issue's within-L bar
+    m = MEASURED[task]
+    if m is not None:
+        assert abs(r["score"] - m) <= 20.0
+
+
+@pytest.mark.real_model
+def test_truncation_baseline_cannot_answer_what_it_cut(dec):
+    """The same niah_single prompts cut to their last 1024 tokens: where the needle's value is no
+    longer in the prompt the answer is wrong (a random 7-digit number cannot be guessed); where it
+    is, the model still finds it."""
+    full = _run(dec, "niah_single")
+    cut = _run(dec, "niah_single", keep_last=1024)
+    p = R.Prompter(dec.llm)
+    kept_any = cut_any = False
+    for i, (a, b) in enumerate(zip(full["rows"], cut["rows"])):
+        assert b["prompt_tokens"] == 1024 - R.N_GEN["niah_single"]
+        s, toks = R.fit_sample(p, "niah_single", 0, i, N_CTX - R.N_GEN["niah_single"])
+        kept = R.truncate(toks, 1024 - R.N_GEN["niah_single"], None)
+        visible = s.gold[0] in dec.llm.detokenize(kept).decode("utf-8", "replace")
+        if visible:
+            kept_any = True
+        else:
+            cut_any = True
+            assert b["score"] == 0.0, (i, b["answer"])
+    assert kept_any and cut_any  # depths are spread: both cases occur in 10 samples
+    assert cut["score"] < full["score"]

@@ -1,0 +1,105 @@
+"""``ggufrope tune``'s search (ggufrope/evaluation/tune.py) on objectives whose minimum is known,
+so that what the search finds can be checked; the command on a real model is in test_tune_cli."""
+
+from __future__ import annotations
+
+import pytest
+
+from ggufrope.evaluation import tune as T
+
+
+def _b(s):
+    return {"ntk-fixed": 1.0, "ntk-mixed": s.exponent}.get(s.method)
+
+
+def objective(b_best=0.875, attn_best=1.035, logn_bonus=0.05, k_best=None, dyn_cost=0.01):
+    """A bowl in b and the attention factor; log-n helps by ``logn_bonus``; k away from
+    ``k_best`` costs; stock methods and NTK-aware are worse than every ntk-mixed."""
+    calls = []
+
+    def f(s):
+        calls.append(s)
+        if s.method == "yarn":
+            return 9.0
+        if s.method == "linear":
+            return 20.0
+        b = _b(s) if _b(s) is not None else 0.2
+        k = 2.0 if s.factor is None else s.factor
+        return (5.0 + 10 * (b - b_best) ** 2 + (0 if s.logn else logn_bonus) + 300 * (s.attn_factor - attn_best) ** 2
+                + (0 if k_best is None else (k - k_best) ** 2) + (dyn_cost if s.dynamic else 0))
+
+    return f, calls
+
+
+def test_finds_an_interior_b_and_temperature_and_never_repeats_a_setting():
+    f, calls = objective(b_best=0.875, attn_best=1.035)
+    s = T.Search(f, 2.0)
+    best = s.run()
+    assert len(calls) == len(set(calls))  # memoized: one evaluation per distinct setting
+    assert best.setting.method == "ntk-mixed" and best.setting.exponent == 0.875  # from the b refine stage
+    assert best.setting.logn and best.setting.attn_factor == 1.035 and not best.setting.dynamic
+    stages = [t.stage for t in s.trials]
+    assert stages[:2] == ["reference", "reference"] and {"b", "b refine", "log-n", "attention", "NTK-aware", "k",
+                                                        "dynamic"} <= set(stages)
+    assert T.seed_default() in calls  # the seed default is always measured, for the comparison
+    assert len(calls) <= 17  # affordable: 2 references + at most 15 candidates
+
+
+def test_k_stage_moves_k_when_it_helps():
+    f, _ = objective(k_best=3.0)
+    best = T.Search(f, 2.0).run()
+    assert best.setting.factor == 3.0  # k x 1.5 (k x 1.25 = 2.5 helped, so 1.5 was tried)
+
+
+def test_log_n_off_and_dynamic_win_when_the_objective_says_so():
+    f, _ = objective(logn_bonus=-0.2, dyn_cost=-0.5)  # log-n hurts, dynamic k helps
+    best = T.Search(f, 2.0).run()
+    assert best.setting.dynamic and best.setting.factor is None
+    assert not best.setting.logn
+
+
+def test_quick_is_cheap():
+    f, calls = objective()
+    best = T.Search(f, 2.0, quick=True).run()
+    assert len(calls) == 8  # 2 references, 4 b, log-n, one attention factor
+    assert best.setting.attn_factor == 1.035
+
+
+def test_references_are_never_chosen():
+    f, _ = objective()
+    g = lambda s: 0.1 if s.method == "yarn" else f(s)  # noqa: E731
+    s = T.Search(g, 2.0)
+    assert s.run().setting.method != "yarn"
+
+
+def test_retrieval_breaks_ties_among_the_top_three():
+    f, _ = objective()
+    s = T.Search(f, 2.0, quick=True)
+    s.run()
+    top3 = sorted((t for t in s.trials if t.role == "candidate"), key=lambda t: t.score)[:3]
+    ch = T.choose_with_retrieval(s.trials, lambda st: 100.0 if st == top3[2].setting else 50.0)
+    assert ch is top3[2] and ch.extra["niah_single"] == 100.0
+    assert "niah_single" not in next(t for t in s.trials if t.role == "reference").extra
+
+
+def test_report_ranks_and_states_the_held_out_result():
+    f, _ = objective()
+    s = T.Search(f, 2.0, quick=True)
+    best = s.run()
+    md = T.markdown(s.trials, best, n_ctx=16384, L=8192, texts=["doc"],
+                    held_out={"chosen": {"ppl_beyond": 6.9}, "seed default": {"ppl_beyond": 7.0},
+                              "yarn": {"ppl_beyond": 7.1}}, held_texts=["other"])
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert "(chosen)" in lines[1] and "yarn (stock)" in md
+    assert "| seed default | 7.0000 | +0.0 % | -1.4 % |" in md  # 7.0/7.1 - 1 = -1.41 %
+    assert "| chosen | 6.9000 | -1.4 % | -2.8 % |" in md  # 6.9/7.0 - 1 = -1.43 %, 6.9/7.1 - 1 = -2.82 %
+    assert "beats both the seed default and YaRN" in md
+    md2 = T.markdown(s.trials, best, n_ctx=16384, L=8192, texts=["doc"],
+                     held_out={"chosen": {"ppl_beyond": 7.2}, "seed default": {"ppl_beyond": 7.0},
+                               "yarn": {"ppl_beyond": 7.1}}, held_texts=["other"])
+    assert "does NOT beat" in md2
+
+
+@pytest.mark.parametrize("a,b,want", [(105.178, 108.828, "-3.4 %"), (113.292, 120.329, "-5.8 %"), (2.0, 1.0, "+100.0 %")])
+def test_pct_hand_values(a, b, want):
+    assert T.pct(a, b) == want
