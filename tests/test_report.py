@@ -1,0 +1,58 @@
+"""The report tables of ggufrope/evaluation/report.py on hand-made results: perplexity by
+document (beyond / within L) and the retrieval table with its truncation-baseline row."""
+
+from __future__ import annotations
+
+from ggufrope.evaluation import report as ER
+
+
+def _res():
+    cell = dict(logn=False, factor=2.0, exponent=None, ppl=None, ppl_beyond=None, ppl_within=None, scored_tokens=None,
+                scored_tokens_beyond=None, scored_tokens_within=None, passkey_accuracy=None, passkey_by_depth=None,
+                passkey_trials=None)
+    cells = [
+        {**cell, "n_ctx": 16384, "method": "yarn", "label": "yarn",
+         "ppl_by_text": {"verse": {"ppl": 9.0, "ppl_beyond": 10.0, "ppl_within": 8.0, "windows": 1},
+                         "tech": {"ppl": 5.0, "ppl_beyond": 5.5, "ppl_within": 4.25, "windows": 1}},
+         "passkey_accuracy": 0.3, "ruler": {"niah_single": {"score": 40.0, "control": 0.0, "samples": 10}}},
+        {**cell, "n_ctx": 16384, "method": "ntk-mixed", "exponent": 0.625, "label": "ntk-mixed",
+         "ppl_by_text": {"verse": {"ppl": 9.5, "ppl_beyond": 9.75, "ppl_within": None, "windows": 1}},
+         "passkey_accuracy": 0.5, "ruler": {"niah_single": {"score": 60.0, "control": 10.0, "samples": 10}}},
+        {**cell, "n_ctx": 16384, "method": "truncate", "label": "truncate to L = 8192", "factor": None,
+         "ppl_by_text": {}, "passkey_accuracy": 0.6, "ruler": {"niah_single": {"score": 55.0, "control": 0.0,
+                                                                              "samples": 10}}},
+    ]
+    return {"model": {"n_ctx_orig": 8192, "name": "m"}, "cells": cells,
+            "grid": {"n_ctx": [16384], "methods": ["yarn", "ntk-mixed"], "logn": [False], "exponent": 0.625,
+                     "texts": [{"name": "verse"}, {"name": "tech"}], "score_from": 4096, "max_windows": 1,
+                     "trials": 10, "ruler_tasks": ["niah_single"], "samples": 10}}
+
+
+def test_ppl_by_text_table_beyond_and_within():
+    md = ER.ppl_by_text_table(_res())
+    lines = md.splitlines()
+    assert lines[0] == "| method | verse @ 16384 (2×L) | tech @ 16384 (2×L) |"
+    assert lines[2] == "| YaRN | 10.000 / 8.000 | 5.500 / 4.250 |"
+    assert lines[3] == "| NTK-RoPE-mixed (b=0.625) | 9.750 / – | – |"  # tech not run, within not scored
+    assert not any("Truncation" in ln for ln in lines)  # no perplexity row for the baseline
+    assert "within L (positions 4096 … 8191" in md
+
+
+def test_retrieval_table_with_truncation_row_and_control():
+    md = ER.retrieval_table(_res())
+    lines = md.splitlines()
+    assert lines[0] == "| method | passkey @ 16384 | niah_single @ 16384 |"
+    assert lines[2] == "| YaRN | 30 | 40 |"
+    assert lines[3] == "| NTK-RoPE-mixed (b=0.625) | 50 | 60 |"
+    assert lines[4] == "| Truncation baseline (last L = 8192 tokens, none) | 60 | 55 |"
+    assert "at most 10 % in any cell" in md
+
+
+def test_report_markdown_adds_the_tables_only_when_the_grid_has_them():
+    res = _res()
+    full = ER.report_markdown(res)
+    assert full.count("| method |") == 3
+    old = _res()
+    old["grid"].update(texts=[{"name": "verse"}], score_from=None, ruler_tasks=[])
+    old["cells"] = [c for c in old["cells"] if c["method"] != "truncate"]
+    assert ER.report_markdown(old) == ER.markdown_table(old)  # the published single-text reports unchanged
