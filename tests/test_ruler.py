@@ -175,8 +175,8 @@ def test_prompts_fill_the_context_in_the_chat_template(dec):
 #: 10 samples, seed 0). SmolLM2-135M finds a single needle every time but fails the harder tasks even
 #: within L; the bounds leave room for another CPU's float rounding, not for another result.
 CTX = {"niah_single": 2048, "niah_multikey": 1024, "niah_multikey_uuid": 1024, "vt": 1024, "cwe": 1024, "fwe": 1024}
-MEASURED = {"niah_single": 100.0, "niah_multikey": None, "niah_multikey_uuid": None, "vt": None, "cwe": None,
-            "fwe": None}
+MEASURED = {"niah_single": 100.0, "niah_multikey": 30.0, "niah_multikey_uuid": 10.0, "vt": 4.0, "cwe": 9.0,
+            "fwe": 40.0}
 _RUNS: dict = {}
 
 
