@@ -54,6 +54,13 @@ def test_tune_quick_ranks_holds_out_resumes_and_writes(patched_lib, tiny, tmp_pa
     r2 = CliRunner().invoke(main, args)
     assert r2.exit_code == 0, r2.output
     assert json.loads((out / "tune.json").read_text())["units"] == {"computed": 0, "cached": 11, "stale": 0}
+    # --report-only: the same report from the cache, computing nothing; an empty cache: one line
+    base = ["tune", str(tiny.path), "-c", "128", "--text", cal, "--held-out", held, "--quick", "-q", "--report-only"]
+    r3 = CliRunner().invoke(main, base + ["-o", str(tmp_path / "again"), "--cache", str(cache)])
+    assert r3.exit_code == 0, r3.output
+    assert (tmp_path / "again" / "tune.md").read_text() == md
+    r4 = CliRunner().invoke(main, base + ["-o", str(tmp_path / "x"), "--cache", str(tmp_path / "empty")])
+    assert r4.exit_code != 0 and "--report-only: yarn k=2 @ 128 cal.txt is not cached" in r4.output
     # --write: the file alone gives the chosen setting's logits
     st = ED.Setting(**{k: v for k, v in res["chosen"].items()})
     assert _logits(str(w), ED.Setting("none"), plain=True) == pytest.approx(_logits(str(tiny.path), st), abs=0)

@@ -428,11 +428,14 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
               help="Where tune.json and tune.md go.")
 @click.option("--cache", "cache_dir", default=None, metavar="DIR",
               help="Unit cache (shared with eval compare).  [default: <ggufrope cache>/units]")
+@click.option("--report-only", is_flag=True,
+              help="Compute nothing: redo the search and the report from the cached units, whichever build computed "
+                   "them (an error names the first unit not cached).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ...], retrieval: bool, samples: int,
              quick: bool, score_from: int | None, write_out: str | None, out_dir: str, cache_dir: str | None,
-             quiet: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None,
+             report_only: bool, quiet: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None,
              verbose: bool) -> None:
     """Search method x b x log-n x attention factor x k x dynamic k for MODEL at n_ctx on
     calibration text, ranked by perplexity beyond L, with stock llama.cpp's YaRN and linear as
@@ -458,7 +461,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         raise GGUFRopeError(f"--held-out {', '.join(sorted(names & {t.name for t in hold}))} is also calibration text")
     cache = Cache(cache_dir or cache_root() / "units")
     with UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
-                    verbose=verbose, progress=not quiet) as runner:
+                    verbose=verbose, progress=not quiet, report_only=report_only) as runner:
         L = runner.L
         if n_ctx <= L:
             raise GGUFRopeError(f"--n-ctx {n_ctx} is within the trained context L = {L}: nothing to tune")
@@ -471,6 +474,8 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
             for t in txts:
                 bar.set_description(f"tune: {st.label(n_ctx, L)} {t.name}")
                 r = runner.ppl(st, n_ctx, t, score_from=sf, max_windows=1)
+                if r is None:
+                    raise GGUFRopeError(f"--report-only: {st.label(n_ctx, L)} @ {n_ctx} {t.name} is not cached in {cache.root}")
                 bar.update(1)
                 ws += r["windows"]
             s = summarize_windows(ws)
@@ -484,6 +489,8 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         if retrieval:
             def niah(st: T.Setting) -> float:
                 r = runner.ruler(st, n_ctx, "niah_single", samples=samples, seed=0)
+                if r is None:
+                    raise GGUFRopeError(f"--report-only: {st.label(n_ctx, L)} @ {n_ctx} niah_single is not cached")
                 bar.update(samples)
                 return r["score"]
 
@@ -502,7 +509,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                     **t.extra, "setting": T.setting_dict(t.setting)} for t in search.ranked()],
         "chosen": T.setting_dict(chosen.setting), "held_out": held_out,
         "units": {"computed": runner.stats.computed, "cached": runner.stats.cached, "stale": runner.stats.stale},
-        "wall_s_units": runner.wall_s,
+        "builds": runner.builds, "wall_s_units": runner.wall_s,
     })
     with open(os.path.join(out_dir, "tune.md"), "w", encoding="utf-8") as f:
         f.write(md)
