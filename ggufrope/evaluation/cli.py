@@ -483,9 +483,17 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                 raise GGUFRopeError(f"no token beyond L = {L} is scored (--score-from {sf}, n_ctx {n_ctx})")
             return s
 
-        search = T.Search(lambda st: pooled(st, cal)["ppl_beyond"], n_ctx / L, quick=quick,
-                          log=(lambda s: tqdm.write(s)) if not quiet else None)
+        within: dict = {}
+
+        def objective(st: T.Setting) -> float:
+            s = pooled(st, cal)
+            within[st] = s["ppl_within"]
+            return s["ppl_beyond"]
+
+        search = T.Search(objective, n_ctx / L, quick=quick, log=(lambda s: tqdm.write(s)) if not quiet else None)
         chosen = search.run()
+        for t in search.trials:
+            t.extra["ppl_within"] = within.get(t.setting)
         if retrieval:
             def niah(st: T.Setting) -> float:
                 r = runner.ruler(st, n_ctx, "niah_single", samples=samples, seed=0)

@@ -197,11 +197,11 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
     sd, yarn = by.get(seed_default()), by.get(candidate("yarn"))
     rows = sorted(trials, key=lambda t: t.score)
     has_r = any("niah_single" in t.extra for t in rows)
+    has_w = any(t.extra.get("ppl_within") is not None for t in rows)
     head = ["#", "setting", "stage", f"ppl beyond L ({', '.join(texts)})", "vs seed default", "vs YaRN"]
-    if has_r:
-        head.append("niah_single")
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---", "---", "---:", "---:", "---:"]
-                                                         + (["---:"] if has_r else [])) + "|"]
+    head += ["ppl within L"] if has_w else []
+    head += ["niah_single"] if has_r else []
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---", "---"] + ["---:"] * (len(head) - 3)) + "|"]
     for i, t in enumerate(rows, 1):
         name = (label or Setting.label)(t.setting) + (" (stock)" if t.role == "reference" else "")
         if t is chosen:
@@ -210,12 +210,17 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
             name += " (seed default)"
         cells = [str(i), name, t.stage, f"{t.score:.4f}", pct(t.score, sd.score) if sd else "–",
                  pct(t.score, yarn.score) if yarn else "–"]
+        if has_w:
+            w = t.extra.get("ppl_within")
+            cells.append("–" if w is None else f"{w:.4f}")
         if has_r:
             cells.append(f"{t.extra['niah_single']:.0f} %" if "niah_single" in t.extra else "–")
         out.append("| " + " | ".join(cells) + " |")
     out.append("")
     out.append(f"n_ctx {n_ctx}, L {L}, k = n_ctx / L = {n_ctx / L:g} unless the row says k; perplexity of "
-               "the tokens predicted from positions >= L, one window per text.")
+               "the tokens predicted from positions >= L (the objective), one window per text"
+               + ("; within L: the tokens predicted from the scored positions < L (not used by the search)."
+                  if has_w else "."))
     if held_out:
         out.append("")
         out.append(f"Held-out check ({', '.join(held_texts)}, not used by the search):")
