@@ -114,3 +114,27 @@ def test_tune_refuses_a_context_within_L_in_one_line(patched_lib, tiny, tmp_path
                                   "--held-out", _text(tmp_path / "h.txt", 2), "--cache", str(tmp_path / "c"), "-q"])
     assert r.exit_code != 0 and "within the trained context L = 64" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.real_model
+def test_published_tune_is_the_cached_units(patched_lib, smollm2, tmp_path):
+    """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
+    writes from the units committed in docs/results/cache: the search and the held-out check redone,
+    nothing typed by hand."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    pub = root / "docs" / "results" / "tune" / "smollm2-16384"
+    meta = json.loads((pub / "tune.json").read_text())
+    assert meta["n_ctx"] == 16384 and meta["texts"] == ["loc_workshop"] and meta["held_out_texts"] == ["docutils_manual"]
+    r = CliRunner().invoke(main, ["tune", smollm2, "-c", "16384", "--cache", str(tmp_path / "cache"), "-q",
+                                  "--report-only", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "tune.md").read_text() == (pub / "tune.md").read_text()
+    results_md = (root / "docs" / "results.md").read_text()
+    for line in (pub / "tune.md").read_text().splitlines():
+        if line.startswith("| ") and ("(chosen)" in line or "seed default" in line or "yarn" in line):
+            assert line in results_md, line
