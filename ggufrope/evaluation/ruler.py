@@ -39,6 +39,7 @@ an over-long prompt.
 
 from __future__ import annotations
 
+import functools
 import random
 import string
 import sys
@@ -208,6 +209,13 @@ def _cwe(task: str, seed: int, index: int, size: int, long: bool = False) -> Sam
     return Sample(task, index, size, example + "\n" + _CWE_TEMPLATE.format(context=ctx), _CWE_PREFIX, tuple(top))
 
 
+@functools.lru_cache(maxsize=None)
+def _zeta(alpha: float) -> float:
+    """Riemann zeta(alpha), alpha > 1: the first 99,999 terms and the integral of the tail (computed
+    once per alpha: the bisection of :func:`fit_sample` builds a sample many times)."""
+    return sum(k ** -alpha for k in range(1, 100_000)) + 1.0 / ((alpha - 1) * 100_000 ** (alpha - 1))
+
+
 def _fwe(task: str, seed: int, index: int, size: int, alpha: float = 2.0, vocab_size: int = 2000) -> Sample:
     rng = _rng(task, seed, index)
     vocab: list[str] = []
@@ -218,7 +226,7 @@ def _fwe(task: str, seed: int, index: int, size: int, alpha: float = 2.0, vocab_
             seen.add(w)
             vocab.append(w)
     vocab[0] = "..."  # the most frequent "word" is noise, as in RULER
-    zeta = sum(k ** -alpha for k in range(1, 100_000)) + 1.0 / ((alpha - 1) * 100_000 ** (alpha - 1))
+    zeta = _zeta(alpha)
     counts = [int(size * k ** -alpha / zeta) for k in range(1, vocab_size + 1)]
     words = [w for w, c in zip(vocab, counts) for _ in range(c)]
     rng.shuffle(words)
