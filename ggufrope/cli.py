@@ -226,7 +226,7 @@ def set_cmd(
         click.echo(f"ggufrope: note: lost in a stock file: {S.LOST} (one k = {e.factor:g} at every position, "
                    "within L too)", err=True)
         return
-    from .gguf_file import write_rope_metadata
+    from .rope_metadata import write_rope_metadata
 
     dst = _destination(model, output, in_place)
     S.refuse_exported(model, "ggufrope set")
@@ -248,7 +248,7 @@ def reset_cmd(model: str, output: str | None, in_place: bool) -> None:
 
     A file written by `set` from one without ggufrope keys comes back byte-identical.
     """
-    from .gguf_file import reset_rope_metadata
+    from .rope_metadata import reset_rope_metadata
 
     dst = _destination(model, output, in_place)
     r = reset_rope_metadata(model, dst)
@@ -260,7 +260,7 @@ _FLOAT32_FIELDS = ("freq_base", "stock_scaling_factor", "factor", "exponent", "d
 
 
 def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
-    from .gguf_file import f32_repr
+    from .gguf_reader import f32_repr
 
     out = dict(meta)
     for k in _FLOAT32_FIELDS:
@@ -273,7 +273,7 @@ def _jsonable(meta: dict[str, Any]) -> dict[str, Any]:
 
 
 def _show_text(meta: dict[str, Any]) -> str:
-    from .gguf_file import f32_repr
+    from .gguf_reader import f32_repr
 
     def opt(v: Any, src: str | None = None, fmt: Any = str) -> str:
         if v is None:
@@ -355,7 +355,7 @@ def show_cmd(model: str, as_json: bool, override_kv: bool, override_format: str 
     `python -m llama_cpp.server --model plain.gguf $(ggufrope show --override-kv-format python
     set.gguf)` (the patched library reads the overridden keys as if the file had them).
     """
-    from .gguf_file import read_rope_metadata
+    from .rope_metadata import read_rope_metadata
 
     chosen = any(x is not None for x in (method, factor, exponent, logn, dynamic, dynamic_ratio))
     override_kv = override_kv or override_format is not None

@@ -61,7 +61,7 @@ def count_tokens(model_path: str | os.PathLike, text: str, *, add_bos: bool = Tr
     import llama_cpp
     from llama_cpp import _logger
 
-    from .gguf_file import read_rope_metadata
+    from .rope_metadata import read_rope_metadata
 
     read_rope_metadata(model_path)  # a missing or malformed file: the same message as with --n-ctx
     _logger.set_verbose(verbose)

@@ -1,6 +1,6 @@
 """gguf-py's ``gguf/constants.py`` without the rest of the package (numpy, the reader,
 the writer): the key types and quantisation sizes ggufrope needs, at a fraction of the
-import time. Used by keys.py and gguf_file.py."""
+import time. Used by keys.py, gguf_reader.py and gguf_writer.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ parameters and their checks, and its description. One entry per method in :data:
 
 This module is the one reference that the patched llama.cpp (C and CUDA) and the torch
 reference forward are tested against, and the one place where a method name, a factor k or
-an exponent b is validated: ``ggufrope set`` (:mod:`ggufrope.gguf_file`), ``show``, the
+an exponent b is validated: ``ggufrope set`` (:mod:`ggufrope.rope_metadata`), ``show``, the
 load-time choice (:mod:`ggufrope.runtime`), the command line and the evaluation all call
 :func:`validate` (a choice made by the user) or :func:`validate_stored` (values read from a
 file), and nothing else re-derives a formula or a check. The model is transformers'

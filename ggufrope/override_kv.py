@@ -65,7 +65,7 @@ def override_string(key: str, arch: str, value: Any) -> str:
     """``KEY=TYPE:VALUE`` as llama.cpp parses it (``string_parse_kv_override``): bools
     ``true``/``false``, floats as the shortest decimal of their float32 value (the value the
     library reads back is the file's, bit for bit)."""
-    from .gguf_file import f32_repr
+    from .gguf_reader import f32_repr
 
     tag = _tag(key, arch, value)
     if tag == "bool":
@@ -103,7 +103,7 @@ def parse_override(s: str) -> tuple[str, Any]:
 
 def file_overrides(meta: Mapping[str, Any]) -> dict[str, Any]:
     """The ggufrope keys present in the file whose metadata is ``meta``
-    (:func:`ggufrope.gguf_file.read_rope_metadata`), key -> value, in the file's order.
+    (:func:`ggufrope.rope_metadata.read_rope_metadata`), key -> value, in the file's order.
     Raises :class:`GGUFRopeError` when it has none (plain RoPE: nothing to pass)."""
     kv = dict(meta["ggufrope_keys"])
     if not kv:

@@ -520,7 +520,7 @@ def load(
     one asked for, or a model that llama.cpp refuses to load (its message is in llama.cpp's
     log; pass ``verbose=True``).
     """
-    from .gguf_file import read_rope_metadata
+    from .rope_metadata import read_rope_metadata
 
     meta = read_rope_metadata(model_path)
     arch, L = meta["architecture"], meta["n_ctx_orig"]

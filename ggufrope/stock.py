@@ -40,7 +40,7 @@ cannot be written in a stock file); the command says what is lost otherwise. A f
 rope scaling (``{arch}.rope.scaling.type`` linear, yarn, longrope) is refused: the stock engine
 would stack it on the exported table, where the patched library replaces it.
 
-The file is written by the rewrite path of :mod:`ggufrope.gguf_file` (new header, the data
+The file is written by the rewrite path of :mod:`ggufrope.gguf_writer` (new header, the data
 section copied as one block, the new tensor data written after it or over it, atomically;
 the source is never modified).
 """
@@ -96,9 +96,9 @@ class StockExport:
 
 
 def _fail(h: Any, msg: str) -> GGUFRopeError:
-    from .gguf_file import _show
+    from .errors import show
 
-    return GGUFRopeError(f"{_show(h.path)}: {msg}")
+    return GGUFRopeError(f"{show(h.path)}: {msg}")
 
 
 def check_request(method: str, factor: float | None, exponent: float | None = None, *, logn: bool = False,
@@ -128,7 +128,7 @@ def check_request(method: str, factor: float | None, exponent: float | None = No
 
 def stock_export_marker(path: str | os.PathLike) -> str | None:
     """The value of :data:`KEY_STOCK_EXPORT` in the file at ``path`` (None: not an export)."""
-    from .gguf_file import read_header
+    from .gguf_reader import read_header
 
     v = read_header(path).value(KEY_STOCK_EXPORT)
     return v if isinstance(v, str) else None
@@ -139,14 +139,14 @@ def refuse_exported(path: str | os.PathLike, what: str) -> None:
     action, e.g. ``"ggufrope set"``): its rope already holds a method, a second one would scale
     twice. A file that cannot be read passes: the caller's own reading reports it, in its order
     of checks."""
-    from .gguf_file import _show
+    from .errors import show
 
     try:
         m = stock_export_marker(path)
     except GGUFRopeError:
         return
     if m is not None:
-        raise GGUFRopeError(f"{_show(path)} is a stock export ({m}); {what} would scale its rope twice: "
+        raise GGUFRopeError(f"{show(path)} is a stock export ({m}); {what} would scale its rope twice: "
                             "start from the original file")
 
 
@@ -166,17 +166,20 @@ def export_stock(src: str | os.PathLike, dst: str | os.PathLike, *, method: str,
     :class:`GGUFRopeError` with a one-line message for everything refused."""
     import numpy as np
 
-    from . import gguf_file as G
+    from . import rope_metadata as RM
+    from .atomic_write import same_file
+    from .gguf_reader import f32_repr
+    from .gguf_writer import TensorWrite, rewrite
 
     p = check_request(method, factor, exponent, logn=logn, dynamic=dynamic, dynamic_ratio=dynamic_ratio)
     m, k, b = p.method, float(p.factor), p.exponent
-    if dst is None or (os.path.exists(dst) and G._same_file(os.fspath(src), os.fspath(dst))):
+    if dst is None or (os.path.exists(dst) and same_file(os.fspath(src), os.fspath(dst))):
         raise GGUFRopeError("--stock writes a new file: give -o OUT (the source is never modified)")
     info: dict[str, Any] = {}
 
     def build(h: Any) -> tuple[dict, list, list]:
-        arch = G._architecture(h)
-        G._check_types(h, arch, ggufrope_keys=False)
+        arch = RM._architecture(h)
+        RM._check_types(h, arch, ggufrope_keys=False)
         marker = h.value(KEY_STOCK_EXPORT)
         if isinstance(marker, str):
             raise _fail(h, f"already a stock export ({marker}); a second export would scale its rope twice: "
@@ -185,10 +188,10 @@ def export_stock(src: str | os.PathLike, dst: str | os.PathLike, *, method: str,
         if isinstance(stype, str) and stype not in ("", "none"):
             raise _fail(h, f"the file has stock rope scaling {K.key(K.KEY_SCALING_TYPE, arch)} = {stype!r}, which a "
                            "stock engine would stack on the export (the patched library replaces it); not exportable")
-        L, _ = G._n_ctx_orig(h, arch)
+        L, _ = RM._n_ctx_orig(h, arch)
         if L is None:
             raise _fail(h, f"no {K.key(K.KEY_CONTEXT_LENGTH, arch)}: L is unknown")
-        d, _ = G._rope_dims(h, arch)
+        d, _ = RM._rope_dims(h, arch)
         if d is None or d < 4 or d % 2:
             raise _fail(h, f"cannot tell the rope dimensions (n_rot = {d}) of architecture {arch!r}")
         n_ctx = int(math.floor(k * L + 0.5))
@@ -198,7 +201,7 @@ def export_stock(src: str | os.PathLike, dst: str | os.PathLike, *, method: str,
             K.key(K.KEY_CONTEXT_LENGTH, arch): (GGUFValueType.UINT32, n_ctx),
             K.key(K.KEY_ORIG_CTX, arch): (GGUFValueType.UINT32, L),
         }
-        words = M.summary(m, G.f32_repr(k), None if b is None else G.f32_repr(b), False).rsplit(", log-n", 1)[0]
+        words = M.summary(m, f32_repr(k), None if b is None else f32_repr(b), False).rsplit(", log-n", 1)[0]
         writes = []
         if arch in ROPE_FREQS_ARCHS:
             table = M.freq_factors(m, d, k, b if b is not None else M.DEFAULT_EXPONENT).astype(np.float32)
@@ -210,7 +213,7 @@ def export_stock(src: str | os.PathLike, dst: str | os.PathLike, *, method: str,
                                    f"not F32 ({d // 2},)")
                 mf = np.frombuffer(_read_tensor(h, own), dtype=dt).astype(np.float32)
                 table = table * mf  # float32 products, as the patched library composes them
-            writes.append(G.TensorWrite(ROPE_FREQS, (d // 2,), int(GGMLQuantizationType.F32), table.astype(dt).tobytes()))
+            writes.append(TensorWrite(ROPE_FREQS, (d // 2,), int(GGMLQuantizationType.F32), table.astype(dt).tobytes()))
             route = "rope_freqs"
             how = "composed with the file's own, replaced" if own is not None else "appended"
             what = f"{words} in {ROPE_FREQS} ({how})"
@@ -236,11 +239,11 @@ def export_stock(src: str | os.PathLike, dst: str | os.PathLike, *, method: str,
                 raise _fail(h, f"the NTK-aware base {new_base:g} does not fit FLOAT32")
             values[K.key(K.KEY_FREQ_BASE, arch)] = (GGUFValueType.FLOAT32, new_base)
             route = "freq_base"
-            what = f"{words} as {K.key(K.KEY_FREQ_BASE, arch)} {G.f32_repr(base)} -> {G.f32_repr(new_base)}"
+            what = f"{words} as {K.key(K.KEY_FREQ_BASE, arch)} {f32_repr(base)} -> {f32_repr(new_base)}"
         what += f", {K.key(K.KEY_CONTEXT_LENGTH, arch)} {n_ctx} (L = {L})"
         values[KEY_STOCK_EXPORT] = (GGUFValueType.STRING, what)
         info["export"] = StockExport(route, m, k, b, L, n_ctx, what)
         return values, K.ggufrope_keys(arch), writes
 
-    r = G._rewrite(src, dst, build, reserve=True)
+    r = rewrite(src, dst, build, reserve=True)
     return r, info["export"]

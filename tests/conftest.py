@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any, Callable
@@ -12,6 +15,7 @@ from typing import Any, Callable
 import gguf
 import numpy as np
 import pytest
+from gguf import GGUFValueType as VT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -150,6 +154,89 @@ def write_test_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+# --------------------------------------------------------------------------- GGUF helpers
+# (of test_gguf_reader, test_gguf_writer, test_atomic_write, test_rope_metadata, test_cli)
+
+
+def data_hash(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def reader_fields(path: Path) -> dict[str, tuple[int, object]]:
+    """key -> (GGUF type, value) as gguf-py's reader sees them (arrays: element count)."""
+    r = gguf.GGUFReader(str(path))
+    out = {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF."):
+            continue
+        t = f.types[0]
+        out[name] = (t, len(f.data) if t == VT.ARRAY else f.contents())
+    return out
+
+
+def assert_same_tensors(a: Path, b: Path) -> None:
+    ra, rb = gguf.GGUFReader(str(a)), gguf.GGUFReader(str(b))
+    assert [t.name for t in ra.tensors] == [t.name for t in rb.tensors]
+    for ta, tb in zip(ra.tensors, rb.tensors):
+        assert ta.tensor_type == tb.tensor_type
+        assert ta.shape.tolist() == tb.shape.tolist()
+        assert ta.data.tobytes() == tb.data.tobytes(), ta.name
+
+
+def assert_rewrite_ok(src: Path, dst: Path) -> None:
+    """dst has the same tensors, byte for byte, and the same data section as src."""
+    from ggufrope.gguf_reader import read_header
+
+    hs, hd = read_header(src), read_header(dst)
+    assert hs.tensors == hd.tensors
+    assert data_hash(src, hs.data_offset) == data_hash(dst, hd.data_offset)
+    assert hd.data_offset % hd.alignment == 0
+    assert_same_tensors(src, dst)
+
+
+def no_temp_files(d: Path) -> bool:
+    return not [p for p in os.listdir(d) if "ggufrope-tmp" in p or "ggufrope-probe" in p]
+
+
+def pstr(s: bytes | str, e: str = "<") -> bytes:
+    b = s.encode() if isinstance(s, str) else s
+    return struct.pack(e + "Q", len(b)) + b
+
+
+def kv(key: bytes | str, vtype: int, payload: bytes) -> bytes:
+    return pstr(key) + struct.pack("<I", vtype) + payload
+
+
+def kv_str(key: str, value: bytes | str) -> bytes:
+    return kv(key, VT.STRING, pstr(value))
+
+
+def kv_u32(key: str, v: int) -> bytes:
+    return kv(key, VT.UINT32, struct.pack("<I", v))
+
+
+def raw_gguf(kvs: list[bytes], *, version: int = 3, n_kv: int | None = None, n_tensors: int = 0, tail: bytes = b"") -> bytes:
+    """A hand-packed header (for cases GGUFWriter refuses to write)."""
+    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, len(kvs) if n_kv is None else n_kv)
+    return head + b"".join(kvs) + tail
+
+
+LLAMA_KVS = [kv_str("general.architecture", "llama"), kv_u32("llama.context_length", 4096)]
+
+
+def write(tmp_path: Path, data: bytes, name: str = "x.gguf") -> Path:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def file_hash(p: Path) -> str:
+    with open(p, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufrope import gguf_file as G
+from ggufrope import gguf_reader as GR, gguf_writer as GW
 from ggufrope.cli import main
 from ggufrope.errors import GGUFRopeError
 
@@ -26,7 +26,7 @@ def run(*args: str):
 
 def fields(path: Path) -> dict:
     r = gguf.GGUFReader(str(path))
-    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.") and k != G.KEY_RESERVED}
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.") and k != GW.KEY_RESERVED}
 
 
 def test_help_texts() -> None:
@@ -286,7 +286,7 @@ def _bad_files(tmp_path: Path, small_gguf: Path) -> dict[str, tuple[Path, str]]:
     """One file per validation error of issue 4, with the message the CLI must give."""
     import struct
 
-    from test_gguf_file import LLAMA_KVS, VT, kv, kv_str, kv_u32, pstr, raw_gguf
+    from conftest import LLAMA_KVS, VT, kv, kv_str, kv_u32, pstr, raw_gguf
 
     def put(name: str, data: bytes) -> Path:
         p = tmp_path / name
@@ -297,7 +297,7 @@ def _bad_files(tmp_path: Path, small_gguf: Path) -> dict[str, tuple[Path, str]]:
         return b + bytes(-len(b) % 32)
 
     good = small_gguf.read_bytes()
-    h = G.read_header(small_gguf)
+    h = GR.read_header(small_gguf)
     end = h.data_offset + max(t.offset + t.nbytes for t in h.tensors)
     v4 = bytearray(good)
     v4[4:8] = struct.pack("<I", 4)

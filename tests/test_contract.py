@@ -39,7 +39,8 @@ def _readme_keys() -> set[str]:
 def _written_keys(tmp_path, arch: str) -> set[str]:
     from conftest import write_test_gguf
 
-    from ggufrope.gguf_file import read_header, write_rope_metadata
+    from ggufrope.gguf_reader import read_header
+    from ggufrope.rope_metadata import write_rope_metadata
 
     src = write_test_gguf(tmp_path / "m.gguf", arch)
     before = {kv.key for kv in read_header(src).kvs}
@@ -169,7 +170,7 @@ def test_stock_build_ignores_ggufrope_keys(patched_lib, tmp_path):
     import numpy as np
 
     from ggufrope import corpus
-    from ggufrope.gguf_file import write_rope_metadata
+    from ggufrope.rope_metadata import write_rope_metadata
     from ggufrope.models import default_model_path
     from tiny_models import N_SPECIAL, write_tiny_llama, write_tiny_qwen2
     from torch_reference import forward

@@ -294,7 +294,7 @@ def gemma3_path() -> pathlib.Path:
 def test_gemma3_is_the_pinned_gguf(gemma3_path):
     spec = models.GEMMA3
     assert gemma3_path.name == spec.filename and gemma3_path.stat().st_size == spec.size
-    from ggufrope.gguf_file import read_header  # GGUFReader takes ~50 s on its 262,144-token vocabulary
+    from ggufrope.gguf_reader import read_header  # GGUFReader takes ~50 s on its 262,144-token vocabulary
 
     kv = {r.key: r.value for r in read_header(gemma3_path).kvs}
     assert kv["general.architecture"] == spec.arch == "gemma3"

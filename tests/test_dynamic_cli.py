@@ -30,7 +30,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggufrope.evaluation import cache as EC, decoder as ED, grid as EG, report as ER
-from ggufrope import gguf_file as G
+from ggufrope import gguf_writer as GW, rope_metadata as RM
 from ggufrope import keys as K
 from ggufrope import methods as M
 from ggufrope import runtime as R
@@ -50,7 +50,7 @@ def run(*args):
 def fields(path: Path) -> dict:
     r = gguf.GGUFReader(str(path))
     return {k: (f.types[0], f.contents()) for k, f in r.fields.items()
-            if not k.startswith("GGUF.") and k != G.KEY_RESERVED and (".rope.ntk." in k or "logn" in k)}
+            if not k.startswith("GGUF.") and k != GW.KEY_RESERVED and (".rope.ntk." in k or "logn" in k)}
 
 
 def sha(path: Path) -> str:
@@ -96,20 +96,20 @@ def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monke
     to False, the same file is static. show, the registry and the load-time choice all follow
     the one constant."""
     auto = tmp_path / "auto.gguf"
-    G.write_rope_metadata(small_gguf, auto, method="ntk-mixed")
+    RM.write_rope_metadata(small_gguf, auto, method="ntk-mixed")
     explicit = tmp_path / "k2.gguf"
-    G.write_rope_metadata(small_gguf, explicit, method="ntk", factor=2.0)
+    RM.write_rope_metadata(small_gguf, explicit, method="ntk", factor=2.0)
     none = tmp_path / "none.gguf"
-    G.write_rope_metadata(small_gguf, none, method="none", logn=True)
+    RM.write_rope_metadata(small_gguf, none, method="none", logn=True)
     static = tmp_path / "static.gguf"
-    G.write_rope_metadata(small_gguf, static, method="ntk-mixed", dynamic=False)
+    RM.write_rope_metadata(small_gguf, static, method="ntk-mixed", dynamic=False)
 
-    meta = G.read_rope_metadata(auto)
+    meta = RM.read_rope_metadata(auto)
     assert meta["dynamic"] is True and meta["dynamic_ratio"] == 2.0
     assert meta["description"] == f"ntk-mixed, b = 0.625, {DYN_WORDS}, log-n off"
-    assert G.read_rope_metadata(explicit)["dynamic"] is False
-    assert G.read_rope_metadata(none)["dynamic"] is False
-    assert G.read_rope_metadata(static)["dynamic"] is False  # an explicit false stays false
+    assert RM.read_rope_metadata(explicit)["dynamic"] is False
+    assert RM.read_rope_metadata(none)["dynamic"] is False
+    assert RM.read_rope_metadata(static)["dynamic"] is False  # an explicit false stays false
     assert R.RopeChoice("ntk-mixed").runs_dynamic is True
     assert R.RopeChoice("ntk-mixed", 2.0).runs_dynamic is False
     assert R.RopeChoice("linear").runs_dynamic is False
@@ -119,11 +119,11 @@ def test_flipping_the_default_is_followed_everywhere(small_gguf, tmp_path, monke
     assert ED.Setting("ntk-mixed").dynamic is False and ED.Setting("ntk-mixed").resolved_factor(16384, 8192) == 2.0
 
     monkeypatch.setattr(M, "DYNAMIC_DEFAULT", False)
-    meta = G.read_rope_metadata(auto)
+    meta = RM.read_rope_metadata(auto)
     assert meta["dynamic"] is False and meta["dynamic_ratio"] is None
     assert meta["description"] == "ntk-mixed, b = 0.625, k = auto (max(1, n_ctx_seq/8192)), log-n off"
-    assert G.read_rope_metadata(explicit)["dynamic"] is False
-    assert G.read_rope_metadata(static)["dynamic"] is False
+    assert RM.read_rope_metadata(explicit)["dynamic"] is False
+    assert RM.read_rope_metadata(static)["dynamic"] is False
     assert R.RopeChoice("ntk-mixed").runs_dynamic is False
     assert R.RopeChoice("ntk-mixed", dynamic=True).runs_dynamic is True  # an explicit true stays true
     kv = R.llama_kwargs(R.RopeChoice("ntk"), "llama", 16384, 8192)["kv_overrides"]
@@ -294,7 +294,7 @@ def _with_keys(src: Path, dst: Path, **values) -> Path:
     """``src`` with ggufrope keys written as given (typed by keys.KEY_TYPES), bypassing set's checks."""
     tmpl = {"method": K.KEY_METHOD, "factor": K.KEY_FACTOR, "exponent": K.KEY_EXPONENT, "dynamic": K.KEY_DYNAMIC,
             "ratio": K.KEY_DYNAMIC_RATIO, "logn": K.KEY_LOGN}
-    G.set_keys(src, dst, {K.key(tmpl[k], "llama"): (K.KEY_TYPES[tmpl[k]], v) for k, v in values.items()})
+    GW.set_keys(src, dst, {K.key(tmpl[k], "llama"): (K.KEY_TYPES[tmpl[k]], v) for k, v in values.items()})
     return dst
 
 
@@ -320,18 +320,18 @@ def test_files_the_library_refuses_are_refused_by_show_and_load(small_gguf, tmp_
 
 def test_files_the_library_loads(small_gguf, tmp_path) -> None:
     ok = _with_keys(small_gguf, tmp_path / "ok.gguf", method="ntk-fixed", factor=0.0, dynamic=True, ratio=4.0)
-    meta = G.read_rope_metadata(ok)
+    meta = RM.read_rope_metadata(ok)
     assert (meta["method"], meta["factor"], meta["dynamic"], meta["dynamic_ratio"]) == ("ntk-fixed", None, True, 4.0)
     assert meta["description"] == "ntk-fixed, k dynamic: 1 within L, then powers of 4 >= n/L, KV cache re-rotated, log-n off"
     # a ratio beside static k is checked but has no effect
     st = _with_keys(small_gguf, tmp_path / "st.gguf", method="ntk", factor=2.0, dynamic=False, ratio=3.0)
-    meta = G.read_rope_metadata(st)
+    meta = RM.read_rope_metadata(st)
     assert (meta["dynamic"], meta["dynamic_ratio"], meta["description"]) == (False, None, "ntk, k = 2.0, log-n off")
     # the wrong type is an error of its own
-    G.set_keys(small_gguf, tmp_path / "u8.gguf", {"llama.rope.ntk.method": "ntk",
+    GW.set_keys(small_gguf, tmp_path / "u8.gguf", {"llama.rope.ntk.method": "ntk",
                                                   "llama.rope.ntk.dynamic": (GGUFValueType.UINT8, 1)})
     with pytest.raises(GGUFRopeError, match="key 'llama.rope.ntk.dynamic' has type UINT8, expected BOOL"):
-        G.read_rope_metadata(tmp_path / "u8.gguf")
+        RM.read_rope_metadata(tmp_path / "u8.gguf")
 
 
 def test_stock_scaling_is_replaced_by_dynamic_k_too(make_gguf, tmp_path) -> None:
@@ -339,7 +339,7 @@ def test_stock_scaling_is_replaced_by_dynamic_k_too(make_gguf, tmp_path) -> None
     out = tmp_path / "o.gguf"
     r = run("set", src, "-m", "ntk", "--dynamic", "-o", out)
     assert r.exit_code == 0, r.output
-    assert G.read_rope_metadata(out)["description"] == \
+    assert RM.read_rope_metadata(out)["description"] == \
         f"ntk, {DYN_WORDS}, log-n off; replaces the file's stock llama.cpp rope scaling 'yarn' (factor 4.0)"
 
 
@@ -395,14 +395,14 @@ def test_load_dynamic_builds_the_overrides(small_gguf, tmp_path, captured) -> No
 def test_load_dynamic_with_the_files_method(small_gguf, tmp_path, captured) -> None:
     # --dynamic alone: the file's method and b stay, its k gives way to dynamic k
     k2 = tmp_path / "k2.gguf"
-    G.write_rope_metadata(small_gguf, k2, method="ntk-mixed", factor=2.0, exponent=0.5, logn=True)
+    RM.write_rope_metadata(small_gguf, k2, method="ntk-mixed", factor=2.0, exponent=0.5, logn=True)
     kv = captured(k2, dynamic=True)["kv_overrides"]
     assert kv == {"llama.rope.ntk.method": "ntk-mixed", "llama.attention.logn_scaling": True,
                   "llama.rope.ntk.dynamic": True, "llama.rope.ntk.factor": 0.0, "llama.rope.ntk.exponent": 0.5,
                   "llama.rope.ntk.dynamic_ratio": 2.0}
     # a dynamic file: its ratio goes with it when only log-n is chosen
     d = tmp_path / "d.gguf"
-    G.write_rope_metadata(small_gguf, d, method="ntk", dynamic=True, dynamic_ratio=3.0)
+    RM.write_rope_metadata(small_gguf, d, method="ntk", dynamic=True, dynamic_ratio=3.0)
     kv = captured(d, logn=True)["kv_overrides"]
     assert kv == {"llama.rope.ntk.method": "ntk", "llama.attention.logn_scaling": True,
                   "llama.rope.ntk.dynamic": True, "llama.rope.ntk.factor": 0.0, "llama.rope.ntk.exponent": 0.625,
@@ -444,7 +444,7 @@ def test_an_older_library_is_refused_for_dynamic_k(small_gguf, tmp_path, monkeyp
     monkeypatch.setattr(R, "has_dynamic", lambda: False)
     monkeypatch.setattr(llama_cpp, "Llama", lambda **kw: pytest.fail("must not load"))
     d = tmp_path / "d.gguf"
-    G.write_rope_metadata(small_gguf, d, method="ntk", dynamic=True)
+    RM.write_rope_metadata(small_gguf, d, method="ntk", dynamic=True)
     for path, kw in ((small_gguf, {"method": "ntk", "dynamic": True}), (d, {}), (d, {"logn": True})):
         with pytest.raises(GGUFRopeError, match="needs dynamic k, which the loaded llama.cpp lacks "
                                                 r"\(no llama_ggufrope_dynamic"):
@@ -684,7 +684,7 @@ def test_an_older_library_is_refused_for_a_file_dynamic_by_default(small_gguf, t
     monkeypatch.setattr(R, "has_dynamic", lambda: False)
     monkeypatch.setattr(llama_cpp, "Llama", lambda **kw: pytest.fail("must not load"))
     d = tmp_path / "d.gguf"
-    G.write_rope_metadata(small_gguf, d, method="ntk")
+    RM.write_rope_metadata(small_gguf, d, method="ntk")
     for path, kw in ((d, {}), (d, {"logn": True}), (small_gguf, {"method": "ntk"})):
         with pytest.raises(GGUFRopeError, match="needs dynamic k, which the loaded llama.cpp lacks"):
             R.load(path, **kw)

@@ -49,7 +49,7 @@ def _set(gemma3, out, *extra: str):
     r = subprocess.run([sys.executable, "-m", "ggufrope", "set", str(gemma3), "--method", "mixed", "--b", "0.625",
                         "--logn", *extra, "-o", str(out)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    from ggufrope.gguf_file import read_rope_metadata
+    from ggufrope.rope_metadata import read_rope_metadata
 
     meta = read_rope_metadata(out)
     assert (meta["architecture"], meta["method"], meta["exponent"], meta["logn"], meta["n_ctx_orig"]) == (

@@ -317,12 +317,12 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
     choice, the evaluation setting and the file reader all follow: none of them keeps a copy
     of the rules."""
     from ggufrope.evaluation import decoder as ED
-    from ggufrope import gguf_file as G
+    from ggufrope import rope_metadata as RM
     from ggufrope import runtime as R
 
     # today's rules
     with pytest.raises(GGUFRopeError, match="applies to ntk-mixed only"):
-        G._rope_values("ntk", None, 0.5, False)
+        RM._rope_values("ntk", None, 0.5, False)
     with pytest.raises(GGUFRopeError, match="applies to ntk-mixed only"):
         R.RopeChoice("ntk", None, 0.5)
     with pytest.raises(GGUFRopeError, match="applies to ntk-mixed only"):
@@ -333,7 +333,7 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
 
     monkeypatch.setitem(M.METHODS, "ntk", dataclasses.replace(M.METHODS["ntk"], params=("factor", "exponent")))
     monkeypatch.setitem(M.METHODS, "none", dataclasses.replace(M.METHODS["none"], params=("factor",)))
-    assert G._rope_values("ntk", None, 0.5, False)[2] == 0.5
+    assert RM._rope_values("ntk", None, 0.5, False)[2] == 0.5
     assert R.RopeChoice("ntk", None, 0.5).exponent == 0.5
     assert ED.Setting("ntk", None, 0.5).exponent == 0.5
     assert ED.Setting.for_grid("ntk", 2.0, 0.5, False).exponent == 0.5
@@ -341,12 +341,12 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
     assert ED.Setting("none", 2.0).resolved_factor(128, 64) == 2.0
 
     # dynamic k: the registry says which methods have it (today the NTK family)
-    for make in (lambda: G._rope_values("none", None, None, False, True), lambda: R.RopeChoice("none", dynamic=True),
+    for make in (lambda: RM._rope_values("none", None, None, False, True), lambda: R.RopeChoice("none", dynamic=True),
                  lambda: ED.Setting("none", dynamic=True)):
         with pytest.raises(GGUFRopeError, match="dynamic k needs an NTK-family method"):
             make()
     monkeypatch.setattr(M.Method, "supports_dynamic", property(lambda self: self.name in ("none", "ntk-mixed")))
-    assert G._rope_values("none", None, None, False, True)[4] is True
+    assert RM._rope_values("none", None, None, False, True)[4] is True
     assert R.RopeChoice("none", dynamic=True).runs_dynamic
     assert ED.Setting("none", dynamic=True).dynamic
     with pytest.raises(GGUFRopeError, match=r"dynamic k needs an NTK-family method \(none, ntk-mixed\), not 'ntk'"):
@@ -361,7 +361,7 @@ def test_every_consumer_validates_through_the_registry(monkeypatch) -> None:
         return float(k)
 
     monkeypatch.setattr(M, "check_factor", check_factor)
-    for make in (lambda: G._rope_values("ntk", 1.5, None, False), lambda: R.RopeChoice("ntk", 1.5),
+    for make in (lambda: RM._rope_values("ntk", 1.5, None, False), lambda: R.RopeChoice("ntk", 1.5),
                  lambda: ED.Setting("ntk", 1.5)):
         with pytest.raises(GGUFRopeError, match="must be >= 2 here"):
             make()

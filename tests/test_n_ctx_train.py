@@ -64,7 +64,7 @@ def test_the_model_file_is_not_rewritten_and_L_stays(tmp_path, patched_lib):
     second context on the same model computes the same k."""
     import llama_cpp
 
-    from ggufrope.gguf_file import read_header
+    from ggufrope.gguf_reader import read_header
     from ggufrope.runtime import factor_in_use
 
     m = write_tiny_llama(tmp_path / "m.gguf", seed=2)

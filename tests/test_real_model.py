@@ -35,7 +35,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def mixed_logn(tmp_path_factory, smollm2):
     """ntk-mixed + log-n, static automatic k (dynamic false)."""
-    from ggufrope.gguf_file import read_rope_metadata, write_rope_metadata
+    from ggufrope.rope_metadata import read_rope_metadata, write_rope_metadata
 
     out = tmp_path_factory.mktemp("real") / "smollm2-mixed-logn.gguf"
     write_rope_metadata(smollm2, out, method="ntk-mixed", exponent=0.625, logn=True, dynamic=False)
@@ -50,7 +50,7 @@ def mixed_logn(tmp_path_factory, smollm2):
 def mixed_logn_default(tmp_path_factory, smollm2):
     """ntk-mixed + log-n as `ggufrope set --method mixed --b 0.625 --logn` writes it (no factor,
     no dynamic key): the library's default, dynamic k."""
-    from ggufrope.gguf_file import read_rope_metadata, write_rope_metadata
+    from ggufrope.rope_metadata import read_rope_metadata, write_rope_metadata
 
     out = tmp_path_factory.mktemp("real") / "smollm2-mixed-logn-default.gguf"
     write_rope_metadata(smollm2, out, method="ntk-mixed", exponent=0.625, logn=True)

@@ -234,7 +234,7 @@ def test_truncation_baseline_cannot_answer_what_it_cut(dec):
 
 @pytest.fixture(scope="module")
 def smollm2_l512(smollm2, tmp_path_factory):
-    from ggufrope.gguf_file import set_keys
+    from ggufrope.gguf_writer import set_keys
 
     out = tmp_path_factory.mktemp("l512") / "smollm2-L512.gguf"
     set_keys(smollm2, out, {"llama.context_length": 512})

@@ -183,7 +183,7 @@ def test_python_server_with_set_file(out_gguf: Path, prompt: str, tmp_path: Path
 
 
 def test_python_server_plain_file_with_kv_overrides(model: Path, out_gguf: Path, prompt: str, tmp_path: Path) -> None:
-    from ggufrope.gguf_file import read_rope_metadata
+    from ggufrope.rope_metadata import read_rope_metadata
 
     assert read_rope_metadata(model)["ggufrope_keys"] == {}  # plain: the method comes from the overrides
     flags = shlex.split(_ggufrope("show", "--override-kv-format", "python", out_gguf))
@@ -218,7 +218,7 @@ def test_llama_server_with_set_file(out_gguf: Path, prompt: str, tmp_path: Path)
 
 
 def test_llama_server_plain_file_with_override_kv(model: Path, out_gguf: Path, prompt: str, tmp_path: Path) -> None:
-    from ggufrope.gguf_file import read_rope_metadata
+    from ggufrope.rope_metadata import read_rope_metadata
 
     assert read_rope_metadata(model)["ggufrope_keys"] == {}  # plain: the method comes from the overrides
     flags = shlex.split(_ggufrope("show", "--override-kv", out_gguf))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ggufrope import gguf_file as G
+from ggufrope import rope_metadata as RM
 from ggufrope.cli import main
 from ggufrope.override_kv import parse_override
 from tiny_models import write_tiny_llama
@@ -104,8 +104,8 @@ def test_file_keys_on_a_plain_copy_run_the_same_rope(patched_lib, plain: Path, t
     out = _set(plain, tmp_path, *opts)
     line = show_line(out)
     kv = llama_flags(line)
-    assert kv == G.read_rope_metadata(out)["ggufrope_keys"]  # exactly the file's ggufrope keys
-    assert list(kv) == list(G.read_rope_metadata(out)["ggufrope_keys"])
+    assert kv == RM.read_rope_metadata(out)["ggufrope_keys"]  # exactly the file's ggufrope keys
+    assert list(kv) == list(RM.read_rope_metadata(out)["ggufrope_keys"])
     ref = rope_of(out)
     assert_same_rope(rope_of(plain, kv), ref)
     k_plain, dyn_plain, logits_plain = rope_of(plain)

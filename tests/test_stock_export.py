@@ -161,12 +161,12 @@ def stock_runs(tmp_path_factory):
         cases[name] = (m, out, toks, r)
         runs += [{"path": out, "tokens": toks, "n_ctx": N}, {"path": m.path, "tokens": toks, "n_ctx": N}]
     # a wrong export for the power of the gemma3 case: its sliding-window layers scaled as well
-    from ggufrope import gguf_file as G
+    from ggufrope import gguf_writer as GW
     from ggufrope.gguf_constants import GGUFValueType
 
     m, out, toks, _r = cases["gemma3-no-swa-base-ntk"]
     wrong = tmp / "gemma3-swa-scaled-too.gguf"
-    G.set_keys(out, wrong, {"gemma3.rope.freq_base_swa": (GGUFValueType.FLOAT32, 10000.0 * K ** (m.n_rot / (m.n_rot - 2)))})
+    GW.set_keys(out, wrong, {"gemma3.rope.freq_base_swa": (GGUFValueType.FLOAT32, 10000.0 * K ** (m.n_rot / (m.n_rot - 2)))})
     got = run_stock(tmp, runs + [{"path": wrong, "tokens": toks, "n_ctx": N}])
     res = {name: (*cases[name], got[2 * i], got[2 * i + 1]) for i, name in enumerate(cases)}
     res["gemma3-swa-scaled-too"] = got[-1]

@@ -45,7 +45,7 @@ def test_tool_is_built_from_the_patched_tree(name):
 
 @pytest.fixture(scope="module")
 def smollm2_set(tmp_path_factory):
-    from ggufrope.gguf_file import write_rope_metadata
+    from ggufrope.rope_metadata import write_rope_metadata
     from ggufrope.models import default_model_path
 
     out = tmp_path_factory.mktemp("tools") / "smollm2-mixed-logn.gguf"

@@ -116,7 +116,7 @@ class Setting(RopeChoice):
 
 def n_ctx_orig_of(model: str | os.PathLike) -> int:
     """L, the model's trained context (``read_rope_metadata(model)["n_ctx_orig"]``)."""
-    from ..gguf_file import read_rope_metadata
+    from ..rope_metadata import read_rope_metadata
 
     L = read_rope_metadata(model)["n_ctx_orig"]
     if not L:

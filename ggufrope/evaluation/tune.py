@@ -249,13 +249,14 @@ def setting_dict(s: Setting) -> dict[str, Any]:
 
 def write(model: str, out: str, s: Setting, n_ctx: int) -> str:
     """Apply ``s`` as tuned at ``n_ctx`` to a copy of ``model`` at ``out`` (atomic; ``model`` is
-    not touched): ``ggufrope set``'s keys (:func:`ggufrope.gguf_file.write_rope_metadata`; a
+    not touched): ``ggufrope set``'s keys (:func:`ggufrope.rope_metadata.write_rope_metadata`; a
     static setting with its k, a dynamic one without), and an attention factor != 1 as
     llama.cpp's own ``{arch}.rope.scaling.attn_factor`` (hparams.rope_attn_factor, which
     multiplies the context's attention factor in every llama.cpp engine). Returns one line
     saying what was written. Raises GGUFRopeError for a stock method (yarn, linear), which
     ``set`` does not store."""
-    from ..gguf_file import read_rope_metadata, set_keys, write_rope_metadata
+    from ..gguf_writer import set_keys
+    from ..rope_metadata import read_rope_metadata, write_rope_metadata
     from .decoder import n_ctx_orig_of
 
     if s.method in ("yarn", "linear"):
