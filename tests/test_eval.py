@@ -42,13 +42,6 @@ THREADS = os.cpu_count() or 1
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from ggufrope.models import default_model_path
-
-    return default_model_path()
-
-
-@pytest.fixture(scope="module")
 def text_slice():
     """A tiny slice of a real corpus document (Hamlet, First Folio): ~2,800 tokens."""
     from ggufrope.corpus import load_text
@@ -170,6 +163,24 @@ def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2)
     assert set(r["by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
     assert r["accuracy"] >= 0.8
     assert "24680" in answer and "13579" not in answer
+
+
+def test_eval_passkey_command_runs_each_context_in_turn(patched_lib, smollm2):
+    """The command end to end at two contexts: one model load per context, each with its rope
+    line, and the per-context results in the JSON (the 512 context solves its trials)."""
+    from click.testing import CliRunner
+
+    from ggufrope.cli import main
+
+    r = CliRunner().invoke(main, ["eval", "passkey", str(smollm2), "-c", "256,512", "--trials", "2", "--json",
+                                  "-t", str(THREADS)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert list(out["results"]) == ["256", "512"] and out["n_ctx_orig"] == 8192 and out["method"] == "none"
+    assert [v["trials"] for v in out["results"].values()] == [2, 2]
+    assert all(row["prompt_tokens"] <= int(c) - ED.DEFAULT_N_GEN for c, v in out["results"].items() for row in v["rows"])
+    assert out["results"]["512"]["correct"] == 2
+    assert r.stderr.count("[ggufrope] ") == 2  # one rope line per context
 
 
 # --- c. every method reaches the library --------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -68,6 +69,33 @@ def parse_logn(spec: str, what: str = "--logn") -> list[bool]:
     if s not in table:
         raise GGUFRopeError(f"{what}: expected off, on or both, got {spec!r}")
     return table[s]
+
+
+def _contexts(model: str, n_ctxs: str | None) -> tuple[int, list[int]]:
+    """(L, the contexts of ``-c N[,N...]``; default [2 x L])."""
+    from .decoder import n_ctx_orig_of
+
+    L = n_ctx_orig_of(model)
+    return L, (parse_ints(n_ctxs) if n_ctxs else [2 * L])
+
+
+def _each_context(model: str, st: Any, ctxs: list[int], engine: dict[str, Any], *, cap: int | None = None,
+                  say: bool = True) -> Iterator[tuple[int, Any, Any]]:
+    """(n_ctx, llm, decoder) for each context in turn: the model loaded with the setting at
+    min(n_ctx, ``cap``), its rope line said, closed (model and KV cache freed) before the next
+    context is loaded. ``engine``: :func:`~ggufrope.evaluation.decoder.load_model`'s keyword
+    arguments."""
+    from .decoder import Decoder, load_model
+
+    for c in ctxs:
+        llm = load_model(model, st, c if cap is None else min(c, cap), **engine)
+        try:
+            if say:
+                _say_rope(llm)
+            with Decoder(llm) as dec:
+                yield c, llm, dec
+        finally:
+            llm.close()
 
 
 # --- the commands ---------------------------------------------------------------------------------
@@ -206,26 +234,21 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
     context length and depth of the key. A random 5-digit key per trial; greedy answer."""
-    from .decoder import Decoder, Setting, load_model, n_ctx_orig_of
+    from .decoder import Setting
     from .passkey import passkey
 
-    L = n_ctx_orig_of(model)
-    ctxs = parse_ints(n_ctxs) if n_ctxs else [2 * L]
     ds = parse_depths(depths)
     st = Setting(method, factor, exponent, logn, dynamic)
+    L, ctxs = _contexts(model, n_ctxs)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
-    for c in ctxs:
-        llm = load_model(model, st, c, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
-                           threads=threads, verbose=verbose)
-        _say_rope(llm)
-        with Decoder(llm) as dec:
-            r = passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
-                          desc=f"passkey {c}")
+    for c, llm, dec in _each_context(model, st, ctxs, dict(n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
+                                                            threads=threads, verbose=verbose)):
+        r = passkey(dec, c, trials=trials, seed=seed, depths=ds, n_gen=n_gen, progress=not as_json,
+                    desc=f"passkey {c}")
         if st.dynamic:  # the k the last trial reached
             from ..runtime import factor_in_use
 
             r["factor_end"] = factor_in_use(llm)
-        del llm
         out["results"][str(c)] = r
         if not as_json:
             by = "  ".join(f"d={d}: {100 * v['accuracy']:.0f}% ({v['trials']})" for d, v in r["by_depth"].items())
@@ -374,33 +397,26 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
     that need no download, in the model's chat template, greedy, scored as RULER does
     (string_match_all, percent), with the shuffled control (answers graded against another
     sample's gold). Deterministic in --seed."""
-    from .decoder import Decoder, Setting, load_model, n_ctx_orig_of
+    from .decoder import Setting
     from .ruler import parse_tasks, run_task
 
-    L = n_ctx_orig_of(model)
-    ctxs = parse_ints(n_ctxs) if n_ctxs else [2 * L]
     tasks = parse_tasks(tasks_spec)
     st = Setting(method, factor, exponent, logn, dynamic)
     if truncate and (st.method != "none" or st.logn):
         raise GGUFRopeError("--truncate is the baseline without a method: leave -m/--logn out")
+    L, ctxs = _contexts(model, n_ctxs)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": "truncate" if truncate else st.label(),
                            "seed": seed, "results": {}}
-    for c in ctxs:
-        load_ctx = min(c, L) if truncate else c
-        llm = load_model(model, st, load_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
-                         threads=threads, verbose=verbose)
-        if not as_json:
-            _say_rope(llm)
-        with Decoder(llm) as dec:
-            for t in tasks:
-                r = run_task(dec, t, c, samples=samples, seed=seed, keep_last=L if truncate and c > L else None,
-                             progress=not as_json, desc=f"{t} {c}")
-                out["results"].setdefault(str(c), {})[t] = r
-                if not as_json:
-                    what = f"truncated to the last {L}" if truncate and c > L else st.label(c, L)
-                    click.echo(f"{what} @ {c} {t}: {r['score']:.1f} %  (shuffled control {r['control']:.1f} %, "
-                               f"{r['samples']} samples)")
-        del llm
+    engine = dict(n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads, verbose=verbose)
+    for c, _llm, dec in _each_context(model, st, ctxs, engine, cap=L if truncate else None, say=not as_json):
+        for t in tasks:
+            r = run_task(dec, t, c, samples=samples, seed=seed, keep_last=L if truncate and c > L else None,
+                         progress=not as_json, desc=f"{t} {c}")
+            out["results"].setdefault(str(c), {})[t] = r
+            if not as_json:
+                what = f"truncated to the last {L}" if truncate and c > L else st.label(c, L)
+                click.echo(f"{what} @ {c} {t}: {r['score']:.1f} %  (shuffled control {r['control']:.1f} %, "
+                           f"{r['samples']} samples)")
     if as_json:
         click.echo(json.dumps(out, indent=2))
 
