@@ -40,13 +40,6 @@ FACT = ("The capital of Freedonia is Sylvania City. Sylvania City has a populati
         "and a river called the Blue Snake runs through it.")
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from ggufrope.models import default_model_path
-
-    return default_model_path()
-
-
 class Pane:
     """A command running in a detached tmux session on a private tmux server."""
 

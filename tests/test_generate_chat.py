@@ -119,13 +119,6 @@ DOC = ("The capital of Freedonia is Sylvania City. Sylvania City has a populatio
        "and a river called the Blue Snake runs through it.")
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from ggufrope.models import default_model_path
-
-    return default_model_path()
-
-
 def _counting(llm) -> list[int]:
     """Record how many tokens each call of ``llm.eval`` evaluates (it still evaluates them)."""
     seen: list[int] = []
