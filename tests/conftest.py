@@ -274,3 +274,11 @@ def smollm2() -> str:
     from ggufrope.models import default_model_path
 
     return str(default_model_path())
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    """The second real model (Gemma 3 270M Q4_K_M, L = 32768), fetched and assembled into the cache."""
+    from ggufrope.models import model_path
+
+    return model_path("gemma3")

@@ -286,17 +286,12 @@ def test_wrong_sha256_is_a_one_line_error(monkeypatch, tmp_path):
 # --------------------------------------------------------------------------- Gemma 3 270M
 
 
-@pytest.fixture(scope="module")
-def gemma3_path() -> pathlib.Path:
-    return models.model_path("gemma3")
-
-
-def test_gemma3_is_the_pinned_gguf(gemma3_path):
+def test_gemma3_is_the_pinned_gguf(gemma3):
     spec = models.GEMMA3
-    assert gemma3_path.name == spec.filename and gemma3_path.stat().st_size == spec.size
+    assert gemma3.name == spec.filename and gemma3.stat().st_size == spec.size
     from ggufrope.gguf_reader import read_header  # GGUFReader takes ~50 s on its 262,144-token vocabulary
 
-    kv = {r.key: r.value for r in read_header(gemma3_path).kvs}
+    kv = {r.key: r.value for r in read_header(gemma3).kvs}
     assert kv["general.architecture"] == spec.arch == "gemma3"
     assert kv["gemma3.context_length"] == spec.context_length == 32768
     assert kv["gemma3.rope.freq_base"] == 1e6
@@ -305,12 +300,12 @@ def test_gemma3_is_the_pinned_gguf(gemma3_path):
     assert kv["gemma3.block_count"] == 18  # global layers: every 6th (llama.cpp's pattern)
 
 
-def test_gemma3_cached_file_has_the_shipped_sha256(gemma3_path):
-    assert models._sha256(gemma3_path) == models.GEMMA3.sha256
-    assert models.model_path("gemma3") == gemma3_path  # cached: no fetch
+def test_gemma3_cached_file_has_the_shipped_sha256(gemma3):
+    assert models._sha256(gemma3) == models.GEMMA3.sha256
+    assert models.model_path("gemma3") == gemma3  # cached: no fetch
     proc = subprocess.run([sys.executable, "-m", "ggufrope.models", "--model", "gemma3"], capture_output=True,
                           text=True, check=True)
-    assert proc.stdout.strip() == str(gemma3_path)
+    assert proc.stdout.strip() == str(gemma3)
 
 
 def _fake_gemma3_pip(tmp_path, *, sums: str | None = None, parts: list[bytes] | None = None):

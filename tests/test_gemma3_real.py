@@ -38,13 +38,6 @@ N_CTX_FULL = 40960  # the demo's: above the real L = 32768
 N_PREDICT = 16
 
 
-@pytest.fixture(scope="module")
-def gemma3():
-    from ggufrope.models import model_path
-
-    return model_path("gemma3")
-
-
 def _set(gemma3, out, *extra: str):
     r = subprocess.run([sys.executable, "-m", "ggufrope", "set", str(gemma3), "--method", "mixed", "--b", "0.625",
                         "--logn", *extra, "-o", str(out)], capture_output=True, text=True, timeout=600)

@@ -42,7 +42,7 @@ GELU_F16 = int(os.environ.get("GGUFROPE_TEST_NGL", "0")) == 0
 
 
 @pytest.fixture(scope="module")
-def gemma3(tmp_path_factory):
+def tiny_gemma3(tmp_path_factory):
     return write_tiny_gemma3(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf", seed=1)
 
 
@@ -54,10 +54,10 @@ def ref(m, toks, **kw):
 # ----------------------------------------------------------------------------- the writer, the reference
 
 
-def test_writer_roundtrip(gemma3):
+def test_writer_roundtrip(tiny_gemma3):
     from gguf import GGUFReader, GGUFValueType
 
-    m = gemma3
+    m = tiny_gemma3
     r = GGUFReader(m.path)
     f = r.fields
     assert f["general.architecture"].contents() == "gemma3"
@@ -78,9 +78,9 @@ def test_writer_roundtrip(gemma3):
     assert len(t) == 3 + 13 * m.n_layer
 
 
-def test_reference_properties(gemma3):
+def test_reference_properties(tiny_gemma3):
     """The reference's SWA base and window matter, the method touches only global layers."""
-    m = gemma3
+    m = tiny_gemma3
     toks = tokens_for(m, 160)
     plain = ref(m, toks)
     # causal: a prefix sees the same logits
@@ -108,9 +108,9 @@ N_LONG = 512
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["one-batch", "chunked-small-swa-cache"])
-def test_plain_matches_reference(gemma3, chunked):
+def test_plain_matches_reference(tiny_gemma3, chunked):
     """Method none: llama.cpp's gemma3 graph equals the reference (the reference is right)."""
-    m = gemma3
+    m = tiny_gemma3
     if chunked:
         toks = tokens_for(m, N_LONG)
         got = run_llama_cpp(m, toks, n_ctx=N_LONG, n_batch=64, swa_full=False)
@@ -126,12 +126,12 @@ CASES = [("ntk-mixed", True), ("ntk-mixed", False), ("none", True)]
 
 
 @pytest.mark.parametrize("method,logn", CASES, ids=["ntk-mixed+logn", "ntk-mixed", "none+logn"])
-def test_method_applies_to_global_layers_only(gemma3, method, logn):
+def test_method_applies_to_global_layers_only(tiny_gemma3, method, logn):
     """ntk-mixed and/or log-n by kv overrides: the SWA layers keep plain RoPE at their own base
     and no log-n. (A library that scales the SWA layers too, as the patch did before this rule,
     is off by 0.7 .. 1.6 here; it matched ``scale_swa=True`` to 5e-4 .. 1.1e-3.)"""
     require_patched()
-    m = gemma3
+    m = tiny_gemma3
     toks = tokens_for(m)
     kv = _overrides("gemma3", method, K if method != "none" else None, B if method == "ntk-mixed" else None, logn)
     got = run_llama_cpp(m, toks, kv_overrides=kv)
@@ -139,10 +139,10 @@ def test_method_applies_to_global_layers_only(gemma3, method, logn):
     assert_close(got, want, f"gemma3 {method} logn={logn}: global layers only", tol=TOL)
 
 
-def test_method_chunked_small_swa_cache(gemma3):
+def test_method_chunked_small_swa_cache(tiny_gemma3):
     """The same over 512 tokens in 64-token ubatches with the small SWA cache (cells reused)."""
     require_patched()
-    m = gemma3
+    m = tiny_gemma3
     toks = tokens_for(m, N_LONG)
     got = run_llama_cpp(m, toks, n_ctx=N_LONG, n_batch=64, swa_full=False,
                         kv_overrides=_overrides("gemma3", "ntk-mixed", K, B, True))
@@ -153,11 +153,11 @@ def test_method_chunked_small_swa_cache(gemma3):
 
 
 @pytest.mark.parametrize("method,logn", CASES, ids=["ntk-mixed+logn", "ntk-mixed", "none+logn"])
-def test_wrong_rule_is_far_from_the_right_one(gemma3, method, logn):
+def test_wrong_rule_is_far_from_the_right_one(tiny_gemma3, method, logn):
     """The reference with the method (and log-n) wrongly applied to the SWA layers differs
     from the right one by far more than the tolerance, and so does plain RoPE: test (b) can
     tell all three apart."""
-    m = gemma3
+    m = tiny_gemma3
     toks = tokens_for(m)
     kw = dict(method=method, k=K, b=B, logn_ctx=L if logn else 0)
     right = ref(m, toks, **kw)

@@ -26,13 +26,6 @@ N_PREDICT = 24
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from ggufrope.models import default_model_path
-
-    return default_model_path()
-
-
-@pytest.fixture(scope="module")
 def mixed_logn(tmp_path_factory, smollm2):
     """ntk-mixed + log-n, static automatic k (dynamic false)."""
     from ggufrope.rope_metadata import read_rope_metadata, write_rope_metadata
