@@ -469,21 +469,22 @@ def parse(f: BinaryIO, path: str, st: os.stat_result) -> Header:
     )
 
 
-def _parse_value(s: _Stream, key: str) -> tuple[Any, GGUFValueType]:
-    raw_t = s.unpack("I", f"value type of {key!r}")
+def _value_type(s: _Stream, what: str, owner: str) -> GGUFValueType:
+    """A uint32 GGUF value type; an unknown one is an error naming ``owner`` and ``what``."""
+    raw = s.unpack("I", f"{what} of {owner.split(' ', 1)[1]}")
     try:
-        vtype = GGUFValueType(raw_t)
+        return GGUFValueType(raw)
     except ValueError:
-        raise s.error(f"key {key!r} has unknown value type {raw_t}") from None
+        raise s.error(f"{owner} has unknown {what} {raw}") from None
+
+
+def _parse_value(s: _Stream, key: str) -> tuple[Any, GGUFValueType]:
+    vtype = _value_type(s, "value type", f"key {key!r}")
     if vtype == GGUFValueType.STRING:
         return s.string(f"value of {key!r}"), vtype
     if vtype != GGUFValueType.ARRAY:
         return s.unpack(SCALAR_FORMATS[vtype], f"value of {key!r}"), vtype
-    raw_e = s.unpack("I", f"element type of {key!r}")
-    try:
-        etype = GGUFValueType(raw_e)
-    except ValueError:
-        raise s.error(f"array {key!r} has unknown element type {raw_e}") from None
+    etype = _value_type(s, "element type", f"array {key!r}")
     if etype == GGUFValueType.ARRAY:
         raise s.error(f"array {key!r} holds arrays (nested arrays are not supported by llama.cpp)")
     count = s.unpack("Q", f"length of array {key!r}")
