@@ -32,15 +32,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import re
-import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import median, spread
+
 N_PREFILL = 16384
 DEPTH = 16000
 N_DECODE = 128
@@ -144,10 +142,9 @@ def rerotation(model, n_ctx: int, threads: int, rounds: int, log: DebugLog) -> d
                 out["rerotation_ms"] += ms
     finally:
         llm.close()
-    print(f"re-rotation of a {n_ctx}-cell cache: median {statistics.median(out['rerotation_ms']):.1f} ms "
-          f"(min {min(out['rerotation_ms']):.1f}, max {max(out['rerotation_ms']):.1f}); one decode with the step "
-          f"{statistics.median(out['decode_with_step_s']) * 1e3:.1f} ms, without "
-          f"{statistics.median(out['decode_without_step_s']) * 1e3:.1f} ms", flush=True)
+    print(f"re-rotation of a {n_ctx}-cell cache: {spread(out['rerotation_ms'])} ms (median [min-max]); one decode "
+          f"with the step {median(out['decode_with_step_s']) * 1e3:.1f} ms, without "
+          f"{median(out['decode_without_step_s']) * 1e3:.1f} ms", flush=True)
     return out
 
 
@@ -156,10 +153,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-prefill", type=int, default=N_PREFILL, help="prefill length (a smoke run: 1024)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "dynamic_cost.json"))
+    ap.add_argument("--out", default=str(benchlib.OUT_DIR / "dynamic_cost.json"))
     args = ap.parse_args()
 
-    from ggufrope.corpus import documents, load_text
     from ggufrope.models import default_model_path
 
     model = default_model_path()
@@ -167,10 +163,7 @@ def main() -> None:
     n_prefill = args.n_prefill
     depth = DEPTH if n_prefill == N_PREFILL else n_prefill - N_DECODE
     ctxs = {name: open_ctx(model, name == "dynamic", n_prefill + 256, args.threads) for name in ("static", "dynamic")}
-    text = load_text(documents()[0].name)
-    tokens = ctxs["static"].tokenize(text.encode(), add_bos=True)
-    if len(tokens) < n_prefill + N_DECODE:
-        sys.exit(f"dynamic_cost: the text has {len(tokens)} tokens, need {n_prefill + N_DECODE}")
+    tokens = benchlib.real_tokens(ctxs["static"], n_prefill + N_DECODE)
     # warm-up: one ubatch each
     for llm in ctxs.values():
         llm.eval(tokens[:512])
@@ -192,18 +185,15 @@ def main() -> None:
     report_rerot = [rerotation(model, n, args.threads, args.rounds, log) for n in (16384, 32768)]
 
     def med(name, key):
-        return statistics.median(x[key] for x in samples[name])
+        return median([x[key] for x in samples[name]])
 
     report = {"model": str(model), "threads": args.threads, "n_prefill": n_prefill, "depth": depth, "n_decode": N_DECODE,
               "samples": samples, "rerotation": report_rerot}
     for key in ("prefill_tok_s", "decode_tok_s"):
         report[f"ratio_{key}"] = med("dynamic", key) / med("static", key)
-        print(f"{key:14s} static {med('static', key):8.2f}  dynamic {med('dynamic', key):8.2f}  "
-              f"ratio {report[f'ratio_{key}']:.4f}  (spread static {min(x[key] for x in samples['static']):.2f}-"
-              f"{max(x[key] for x in samples['static']):.2f}, dynamic {min(x[key] for x in samples['dynamic']):.2f}-"
-              f"{max(x[key] for x in samples['dynamic']):.2f})")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
+        print(f"{key:14s} static {spread([x[key] for x in samples['static']], '.2f')}  "
+              f"dynamic {spread([x[key] for x in samples['dynamic']], '.2f')}  ratio {report[f'ratio_{key}']:.4f}")
+    benchlib.write_record(args.out, report)
     print(f"wrote {args.out}")
 
 

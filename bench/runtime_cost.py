@@ -26,9 +26,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import ROOT, paired_ratios, spread
+
 STOCK_LIB = ROOT / "build" / "stock-lib"
 CONFIGS = ["stock", "none", "mixed", "mixed+logn"]
 N_DECODE = 128
@@ -37,7 +38,6 @@ N_DECODE = 128
 def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
     """Runs in a child process: load, measure one task, return the sample."""
     from ggufrope import runtime
-    from ggufrope.corpus import documents, load_text
     from ggufrope.models import default_model_path
 
     model = default_model_path()
@@ -53,8 +53,7 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
         kb = {"factor": 2.0, "exponent": 0.625} if method == "ntk-mixed" else {}  # k and b only where they apply
         llm = runtime.load(model, method=method, logn=logn, n_ctx=n_ctx, n_batch=512,
                            n_ubatch=512, n_threads=threads, n_threads_batch=threads, **kb)
-    text = load_text(documents()[0].name)
-    tokens = llm.tokenize(text.encode(), add_bos=True)
+    tokens = benchlib.real_tokens(llm)
     prompt = tokens[:n]
     assert len(prompt) == n
     # Warm-up: one ubatch, so page faults on the mmapped weights, thread start-up and the first
@@ -104,7 +103,7 @@ def main() -> None:
     ap.add_argument("--decode-depth", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--configs", default=",".join(CONFIGS))
-    ap.add_argument("--out", default=str(ROOT / "build" / "bench" / "runtime_cost.json"))
+    ap.add_argument("--out", default=str(benchlib.OUT_DIR / "runtime_cost.json"))
     ap.add_argument("--worker", nargs=5, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
@@ -126,14 +125,13 @@ def main() -> None:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
                 samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads)["tok_s"])
                 bar.update()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"threads": a.threads, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples}, indent=1))
+    benchlib.write_record(a.out, {"threads": a.threads, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
 
     base = "stock" if "stock" in configs else configs[0]
     print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")
     for key, per in samples.items():
         med = {c: statistics.median(v) for c, v in per.items()}
-        cells = "".join(f"{med[c]:9.1f} [{min(per[c]):.1f}-{max(per[c]):.1f}]".rjust(24) for c in configs)
+        cells = "".join(spread(per[c]).rjust(24) for c in configs)
         ratios = "  ".join(f"{c}/{base} {med[c] / med[base]:.3f}" for c in configs if c != base)
         print(f"{key:16s}{cells}   {ratios}")
     # Paired view: within one round the configurations ran back to back, so the per-round ratio
@@ -144,8 +142,7 @@ def main() -> None:
         for c in configs:
             if c == base:
                 continue
-            rr = [x / y for x, y in zip(per[c], per[base])]
-            cells.append(f"{c}/{base} {statistics.median(rr):.3f} [{min(rr):.3f}-{max(rr):.3f}]")
+            cells.append(f"{c}/{base} {spread(paired_ratios(per[c], per[base]), '.3f')}")
         print(f"{key:16s}" + "  ".join(cells))
     print(f"\nsamples: {a.out}")
 

@@ -40,21 +40,18 @@ import argparse
 import json
 import math
 import os
-import platform
 import re
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import benchlib
+from benchlib import GIB, MIB, can_drop_caches, median, settle
+
+REPO = benchlib.ROOT
 PY = sys.executable
 BIN = Path(PY).parent
-GIB = 1 << 30
-MIB = 1 << 20
 
 # ----------------------------------------------------------------------------- writing
 
@@ -153,65 +150,9 @@ def write_big_gguf(path: str, size_bytes: int, seed: int = 0) -> dict:
 # ----------------------------------------------------------------------------- measuring
 
 
-def can_drop_caches() -> bool:
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("1\n")
-        return True
-    except OSError:
-        return False
-
-
-def evict(path: str) -> None:
-    """Drop ``path``'s clean pages from the page cache (posix_fadvise DONTNEED): the next
-    reader gets them from the disk. Unlike a global drop, the tools' own binaries and
-    Python modules stay cached, and other users of the machine are not disturbed."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def settle(src: str | None, how: str) -> None:
-    """Flush dirty pages (so that one run's writeback does not slow the next), then make
-    the source cold: ``how`` is "file" (evict the source's pages), "global" (echo 3 >
-    /proc/sys/vm/drop_caches) or "none"."""
-    os.sync()
-    if how == "global":
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-    elif how == "file" and src is not None:
-        evict(src)
-
-
-GNU_TIME = "/usr/bin/time" if os.path.exists("/usr/bin/time") else None
-
-
 def run(cmd: list[str], *, env: dict | None = None, check: bool = True) -> dict:
-    """Run ``cmd``; wall time (s), peak RSS (MB), exit status, output.
-
-    Peak RSS comes from GNU time's %M (``apt-get install time``) when present. The
-    fallback, ``ru_maxrss`` from ``wait4``, is inflated: Python starts children with vfork,
-    and at exec the kernel records the high-water RSS of the memory the child shared with
-    this process, so every child reports at least this process's peak."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.NamedTemporaryFile("r") as tf:
-        full = [GNU_TIME, "-f", "%M", "-o", tf.name, *cmd] if GNU_TIME else cmd
-        t0 = time.perf_counter()
-        p = subprocess.Popen(full, stdout=out, stderr=err, env=env, cwd=str(TREE))  # python -c: TREE first
-        _, status, ru = os.wait4(p.pid, 0)
-        wall = time.perf_counter() - t0
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        o, e = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-        rss_kb = ru.ru_maxrss
-        if GNU_TIME:
-            lines = [ln for ln in tf.read().splitlines() if ln.strip().isdigit()]
-            rss_kb = int(lines[-1]) if lines else float("nan")
-    if check and p.returncode != 0:
-        raise SystemExit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{e[-2000:]}")
-    return {"wall": wall, "rss_mb": rss_kb / 1024, "rc": p.returncode, "out": o, "err": e}
+    """benchlib.run in the measured tree (python -c: TREE first on the path)."""
+    return benchlib.run(cmd, env=env, cwd=TREE, check=check)
 
 
 TREE = REPO  # the ggufrope sources measured (--tree)
@@ -229,7 +170,7 @@ def env() -> dict:
 LIB_SET = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from ggufrope.gguf_file import write_rope_metadata
+from ggufrope.rope_metadata import write_rope_metadata
 t1 = time.perf_counter()
 r = write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
 t2 = time.perf_counter()
@@ -238,17 +179,17 @@ print(json.dumps({"import": t1 - t0, "call": t2 - t1, "data_bytes": r.data_bytes
 
 LIB_SET_NOFSYNC = r"""
 import json, os, sys, time
-from ggufrope import gguf_file as G
-G.os.fsync = lambda fd: None  # diagnostic only: what the copy costs without the durability
+from ggufrope import rope_metadata as RM
+RM.os.fsync = lambda fd: None  # diagnostic only: what the copy costs without the durability
 t = time.perf_counter()
-r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
+r = RM.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
 print(json.dumps({"import": 0, "call": time.perf_counter() - t, "data_bytes": r.data_bytes}))
 """
 
 LIB_INPLACE = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from ggufrope.gguf_file import write_rope_metadata
+from ggufrope.rope_metadata import write_rope_metadata
 t1 = time.perf_counter()
 calls = []
 for i in range(int(sys.argv[2])):
@@ -289,10 +230,6 @@ def tools(src: str, dst: str) -> dict[str, list[str]]:
     return t
 
 
-def med(xs: list[float]) -> float:
-    return statistics.median(xs) if xs else float("nan")
-
-
 def measure_tools(src: str, dst: str, reps: int, drop: str, skip: set[str] = frozenset()) -> dict[str, list[dict]]:
     ts = {k: v for k, v in tools(src, dst).items() if k not in skip}
     names = list(ts)
@@ -313,7 +250,7 @@ def measure_tools(src: str, dst: str, reps: int, drop: str, skip: set[str] = fro
 def check_output(src: str, dst: str) -> dict:
     """The data section of dst is byte-identical to src's (cmp), and gguf-py reads dst."""
     sys.path.insert(0, str(REPO))
-    from ggufrope.gguf_file import read_header
+    from ggufrope.gguf_reader import read_header
 
     hs, hd = read_header(src), read_header(dst)
     n = hs.file_size - hs.data_offset
@@ -336,7 +273,7 @@ def measure_inplace(path: str, reps: int, drop: str) -> dict:
         cli.append(m)
     lib = run([PY, "-c", LIB_INPLACE, path, str(reps)], env=env())  # b = 0.55, 0.7, ...
     libd = json.loads(lib["out"].strip().splitlines()[-1])
-    floor = [run([PY, "-c", "import ggufrope.cli, ggufrope.gguf_file"], env=env())["wall"] for _ in range(reps)]
+    floor = [run([PY, "-c", "import ggufrope.cli, ggufrope.rope_metadata"], env=env())["wall"] for _ in range(reps)]
     bare = [run([PY, "-c", "pass"])["wall"] for _ in range(reps)]
     help_ = [run([str(BIN / "ggufrope"), "--help"], env=env())["wall"] for _ in range(reps)]
     cold = None
@@ -377,21 +314,23 @@ def _btrfs_du(path: str) -> str | None:
 
 LIB_UNALIGNED = r"""
 import sys, time
-from ggufrope import gguf_file as G
-G.PAGE = 32  # control: place the data section by the GGUF alignment only, not modulo 4096
+from ggufrope import gguf_writer as GW, rope_metadata as RM
+assert hasattr(GW, "PAGE")
+GW.PAGE = 32  # control: place the data section by the GGUF alignment only, not modulo 4096
 t = time.perf_counter()
-r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
+r = RM.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
 print(time.perf_counter() - t, r.data_offset, r.source_data_offset)
 """
 
 
 LIB_UNSPLIT = r"""
 import sys, time
-from ggufrope import gguf_file as G
+from ggufrope import atomic_write as AW, gguf_writer as GW, rope_metadata as RM
 # control: congruent offsets, but the data copied in one call from its unaligned start
-G._copy_data = lambda s, d, so, do, n, b=4096: G._copy_range(s, d, so, do, n)
+assert hasattr(GW, "copy_data") and hasattr(AW, "copy_range")
+GW.copy_data = lambda s, d, so, do, n, b=4096: AW.copy_range(s, d, so, do, n)
 t = time.perf_counter()
-r = G.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
+r = RM.write_rope_metadata(sys.argv[1], sys.argv[2], method="ntk-mixed", logn=True)
 print(time.perf_counter() - t, r.data_offset, r.source_data_offset)
 """
 
@@ -464,18 +403,7 @@ def reflink_demo(workdir: Path, size_mb: int) -> dict:
 
 
 def machine(d: Path) -> dict:
-    df = subprocess.run(["df", "-T", str(d)], capture_output=True, text=True).stdout.splitlines()[-1].split()
-    dev = os.path.basename(df[0])
-    base = re.sub(r"\d+$", "", dev) if not dev.startswith("nvme") else re.sub(r"p\d+$", "", dev)
-    rot = Path(f"/sys/block/{base}/queue/rotational")
-    cpu = ""
-    try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    return {"cores": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "python": platform.python_version(),
-            "filesystem": df[1], "device": df[0], "rotational": rot.read_text().strip() if rot.exists() else "?",
-            "mem_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
+    return {**benchlib.machine(d),
             "cp": subprocess.run(["cp", "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
 
 
@@ -484,13 +412,13 @@ def summarize(label: str, size: int, res: dict[str, list[dict]]) -> dict:
     print(f"\n{label}: {size / GIB:.2f} GiB ({size} bytes), medians of {len(next(iter(res.values())))} runs")
     print(f"  {'tool':<28} {'time s':>8} {'MB/s':>8} {'peak RSS MB':>12}")
     for name, ms in res.items():
-        t = med([m["wall"] for m in ms])
+        t = median([m["wall"] for m in ms])
         rss = max(m["rss_mb"] for m in ms)
         rows[name] = {"time": t, "times": [m["wall"] for m in ms], "rss_mb": rss, "rss_all": [m["rss_mb"] for m in ms],
                       "mb_s": size / MIB / t}
         extra = ""
         if "lib" in ms[0]:
-            c = med([m["lib"]["call"] for m in ms])
+            c = median([m["lib"]["call"] for m in ms])
             rows[name]["call"] = c
             extra = f"   (call alone {c:.3f} s)"
         print(f"  {name:<28} {t:8.3f} {size / MIB / t:8.0f} {rss:12.1f}{extra}")
@@ -527,7 +455,7 @@ def main() -> None:
 
     d = Path(a.dir).resolve()
     d.mkdir(parents=True, exist_ok=True)
-    run([PY, "-c", "import ggufrope.cli, ggufrope.gguf_file"], env=env())  # writes the bytecode caches
+    run([PY, "-c", "import ggufrope.cli, ggufrope.rope_metadata"], env=env())  # writes the bytecode caches
     drop = a.cache
     if drop == "global" and not can_drop_caches():
         print("cannot write /proc/sys/vm/drop_caches: evicting the source file's pages instead")
@@ -537,7 +465,7 @@ def main() -> None:
     print(f"machine: {info['cores']} cores ({info['cpu']}), {info['mem_gb']} GiB RAM, kernel {info['kernel']}, "
           f"{info['filesystem']} on {info['device']} (rotational={info['rotational']}), Python {info['python']}, {info['cp']}")
     print(f"ggufrope measured: {TREE}/ggufrope")
-    print(f"peak RSS: {'GNU time %M' if GNU_TIME else 'wait4 ru_maxrss (an overestimate: install GNU time)'}")
+    print(f"peak RSS: {'GNU time %M' if benchlib.GNU_TIME else 'wait4 ru_maxrss (an overestimate: install GNU time)'}")
     print("page cache before every run: sync, then " + {
         "file": "the source file's pages evicted (posix_fadvise DONTNEED): every copy reads it from disk",
         "global": "the whole page cache dropped (echo 3 > /proc/sys/vm/drop_caches)",
@@ -555,9 +483,9 @@ def main() -> None:
     if a.only == "inplace":
         run([str(BIN / "ggufrope"), "set", src, "-m", "mixed", "--logn", "-o", dst], env=env())
         ip = measure_inplace(dst, a.inplace_reps, drop)
-        print(f"in-place re-set, CLI end to end: median {med(ip['cli']):.3f} s (min {min(ip['cli']):.3f}), peak RSS "
-              f"{ip['cli_rss_mb']:.1f} MB; library call: median {med(ip['lib_calls']):.4f} s; "
-              f"python -c pass {med(ip['python_bare']):.3f} s; CLI after evicting the file {ip['cli_cold'] or float('nan'):.3f} s")
+        print(f"in-place re-set, CLI end to end: median {median(ip['cli']):.3f} s (min {min(ip['cli']):.3f}), peak RSS "
+              f"{ip['cli_rss_mb']:.1f} MB; library call: median {median(ip['lib_calls']):.4f} s; "
+              f"python -c pass {median(ip['python_bare']):.3f} s; CLI after evicting the file {ip['cli_cold'] or float('nan'):.3f} s")
         for p in (src, dst):
             if not a.keep and os.path.exists(p):
                 os.unlink(p)
@@ -636,11 +564,11 @@ def main() -> None:
         if name in g:
             extra = f" (real model: {small[name]['rss_mb']:.1f} MB)" if small and name in small else ""
             print(f"  {'peak RSS, ' + name + ', large file':<50} {g[name]['rss_mb']:8.1f} MB{extra}")
-    ipc, ipl = med(ip["cli"]), med(ip["lib_calls"])
+    ipc, ipl = median(ip["cli"]), median(ip["lib_calls"])
     print(f"  {'in-place re-set, CLI end to end':<50} {ipc:8.3f} s    < 0.2{'  PASS' if ipc < 0.2 else '  FAIL'}")
     print(f"  {'in-place re-set, library call':<50} {ipl:8.3f} s    < 0.2{'  PASS' if ipl < 0.2 else '  FAIL'}")
-    print(f"  {'  (python -c pass / import ggufrope.cli+gguf_file / ggufrope --help)':<50} "
-          f"{med(ip['python_bare']):.3f} / {med(ip['import_floor']):.3f} / {med(ip['cli_help']):.3f} s")
+    print(f"  {'  (python -c pass / import ggufrope.cli+rope_metadata / ggufrope --help)':<50} "
+          f"{median(ip['python_bare']):.3f} / {median(ip['import_floor']):.3f} / {median(ip['cli_help']):.3f} s")
     if ip["cli_cold"] is not None:
         print(f"  {'in-place re-set, CLI, file evicted from the cache':<50} {ip['cli_cold']:8.3f} s")
     print(f"  {'output: data byte-identical / gguf-py reads it':<50} {report['big_check']['data_identical']} / "
@@ -674,8 +602,7 @@ def main() -> None:
             print(f"     space used by cp --reflink + set: {r['space used by cp --reflink + ggufrope set (MB)']} MB; "
                   f"by the control: {r['space used by the control (MB)']} MB")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(report, f, indent=1, default=str)
+        benchlib.write_record(a.json, report)
         print(f"\nall measurements: {a.json}")
     if not a.keep:
         for p in (src, dst):

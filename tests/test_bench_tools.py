@@ -10,8 +10,12 @@ benchmark relies on, natively (valgrind itself is not run here):
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +56,94 @@ def test_rope_op_count_mode(patched_lib, tmp_path):
     assert r.returncode == 0 and r.stdout == "table+logn head_dim=64 n_tokens=512 computed 3 times\n", r.stdout + r.stderr
     r = subprocess.run([str(exe), "1", "64", "1", "3", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "variant 3 not in this build" in r.stderr
+
+
+# ----------------------------------------------------------------------------- bench/benchlib.py and the Python benches
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def benchlib():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchlib", BENCH / "benchlib.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchlib_statistics_by_hand(benchlib):
+    assert benchlib.spread([3.0, 1.0, 2.0]) == "2.0 [1.0-3.0]"
+    assert benchlib.spread([10.0, 30.0], ".2f") == "20.00 [10.00-30.00]"
+    assert benchlib.paired_ratios([2.0, 3.0, 9.0], [1.0, 2.0, 3.0]) == [2.0, 1.5, 3.0]
+    assert math.isnan(benchlib.median([]))
+    with pytest.raises(ValueError, match="3 rounds against 2"):
+        benchlib.paired_ratios([1.0, 2.0, 3.0], [1.0, 2.0])
+
+
+def test_benchlib_run_and_record(benchlib, tmp_path):
+    r = benchlib.run([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"],
+                     check=False)
+    assert (r["rc"], r["out"], r["err"]) == (3, "out\n", "err\n") and r["wall"] > 0 and r["rss_mb"] > 0
+    with pytest.raises(SystemExit, match="failed \\(3\\)"):
+        benchlib.run([sys.executable, "-c", "import sys; sys.exit(3)"])
+    benchlib.write_record(tmp_path / "a" / "r.json", {"x": 1})
+    rec = json.loads((tmp_path / "a" / "r.json").read_text())
+    assert rec["x"] == 1 and rec["machine"]["cores"] == os.cpu_count() and rec["machine"]["mem_gb"] > 0
+    assert {"filesystem", "device"} <= set(benchlib.machine(tmp_path))
+
+
+def _bench(script: str, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
+    return subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_set_speed_controls_patch_what_the_writer_uses(tmp_path):
+    """The reflink demo's two controls (root-only there) run here on a small file: the first
+    places the data section off the source's offset modulo 4096, the second keeps it congruent;
+    both write the same tensor data."""
+    from conftest import write_test_gguf
+
+    from ggufrope.gguf_reader import read_header
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import set_speed
+    finally:
+        sys.path.remove(str(BENCH))
+    src = write_test_gguf(tmp_path / "src.gguf")
+    hs = read_header(src)
+    env = {**os.environ, "PYTHONPATH": str(BENCH.parent)}
+    for code, congruent in ((set_speed.LIB_UNALIGNED, False), (set_speed.LIB_UNSPLIT, True)):
+        dst = tmp_path / "dst.gguf"
+        p = subprocess.run([sys.executable, "-c", code, str(src), str(dst)], capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stderr
+        _, off, soff = p.stdout.split()
+        assert int(soff) == hs.data_offset and (int(off) % 4096 == int(soff) % 4096) == congruent, (off, soff)
+        hd = read_header(dst)
+        n = hs.file_size - hs.data_offset
+        with open(src, "rb") as a, open(dst, "rb") as b:
+            a.seek(hs.data_offset)
+            b.seek(hd.data_offset)
+            assert a.read(n) == b.read(n)
+        dst.unlink()
+
+
+def test_set_speed_inplace_smoke(tmp_path):
+    r = _bench("set_speed.py", "--size-gb", "0.005", "--only", "inplace", "--inplace-reps", "2", "--cache", "none",
+               "--dir", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "in-place re-set, CLI end to end: median" in r.stdout and "library call: median" in r.stdout
+
+
+@pytest.mark.real_model
+def test_runtime_cost_smoke(patched_lib, tmp_path):
+    out = tmp_path / "rc.json"
+    r = _bench("runtime_cost.py", "--configs", "none,mixed", "--lengths", "256", "--decode-depth", "0", "--reps", "2",
+               "--threads", "1", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = json.loads(out.read_text())
+    assert [len(v) for v in rec["tok_s"]["prefill@256"].values()] == [2, 2] and rec["machine"]["cores"] >= 1
+    assert re.search(r"prefill@256 +mixed/none \d+\.\d{3} \[\d+\.\d{3}-\d+\.\d{3}\]", r.stdout), r.stdout
