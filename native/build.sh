@@ -15,6 +15,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VERSION=0.3.36
 SHA256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 BUILD=${BUILD:-$ROOT/build}
+. "$ROOT/native/trees.sh"
 VENV=${VENV:-$ROOT/.venv}
 PY=$VENV/bin/python
 CUDA=${CUDA:-0}
@@ -29,10 +30,7 @@ CMAKE_ARGS="-DGGML_NATIVE=${GGML_NATIVE:-ON} -DGGML_RPC=ON -DLLAVA_BUILD=OFF -DL
 FLAVOR=cpu
 if [ "$CUDA" = 1 ]; then
     command -v nvcc >/dev/null || die "CUDA=1 but nvcc is not on PATH"
-    if [ -z "${CUDA_ARCH:-}" ]; then
-        CUDA_ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' || true)
-        CUDA_ARCH=${CUDA_ARCH:-"75;80;86;89;90"}
-    fi
+    CUDA_ARCH=$(cuda_arch)
     CMAKE_ARGS="$CMAKE_ARGS -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH"
     FLAVOR=cuda
 fi

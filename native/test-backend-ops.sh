@@ -24,8 +24,7 @@ ARGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA
       -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF)
 FLAVOR=cpu
 if [ "$CUDA" = 1 ]; then
-    CUDA_ARCH=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')}
-    ARGS+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-90}")
+    ARGS+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=$(cuda_arch)")
     FLAVOR=cuda
 fi
 OUT=$BUILD/cmake-tests-$FLAVOR

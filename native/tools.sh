@@ -33,8 +33,7 @@ ARGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE="${GGML_N
 FLAVOR=cpu
 if [ "$CUDA" = 1 ]; then
     command -v nvcc >/dev/null || die "CUDA=1 but nvcc is not on PATH"
-    CUDA_ARCH=${CUDA_ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ')}
-    ARGS+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCH:-75;80;86;89;90}")
+    ARGS+=(-DGGML_CUDA=on "-DCMAKE_CUDA_ARCHITECTURES=$(cuda_arch)")
     FLAVOR=cuda
 fi
 if [ "$UI" = 1 ]; then

@@ -13,3 +13,10 @@ tree_src() {
         *)       echo "trees.sh: unknown tree $1" >&2; return 2 ;;
     esac
 }
+# `cuda_arch` prints CMAKE_CUDA_ARCHITECTURES for a CUDA build: $CUDA_ARCH when set, else the compute
+# capability of the first GPU that nvidia-smi lists (8.9 -> 89), else a list of common ones.
+cuda_arch() {
+    local a=${CUDA_ARCH:-}
+    [ -n "$a" ] || a=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '. ' || true)
+    echo "${a:-75;80;86;89;90}"
+}
