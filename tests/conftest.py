@@ -282,3 +282,71 @@ def gemma3() -> Path:
     from ggufrope.models import model_path
 
     return model_path("gemma3")
+
+
+# --------------------------------------------------------------------------- shared test helpers
+# (of test_corpus and test_models; of test_eval_tune and test_eval_cli)
+
+
+def one_line(exc: BaseException) -> str:
+    """The message of ``exc``, asserted to be one non-empty line."""
+    msg = str(exc)
+    assert msg and "\n" not in msg
+    return msg
+
+
+def tiny_logits(path, setting, plain=False):
+    """The logits of 128 fixed tokens (t4..t9) at n_ctx 128 (F32 KV cache, no flash attention),
+    flattened: through the evaluation's load_model with ``setting``, or with ``plain`` the file
+    as it is, no override at all."""
+    from ggufrope.evaluation import decoder as ED
+
+    toks = np.random.default_rng(3).integers(4, 10, size=128).tolist()
+    if plain:  # no override at all: what the file says
+        from ggufrope.runtime import load
+
+        llm = load(path, n_ctx=128, n_batch=128, n_ubatch=128, n_threads=2, n_threads_batch=2, verbose=False,
+                   type_k=0, type_v=0, flash_attn=False)
+    else:
+        llm = ED.load_model(path, setting, 128, n_batch=128, threads=2, flash_attn=False, type_k=0, type_v=0)
+    with ED.Decoder(llm) as dec:
+        buf = np.empty((128, dec.n_vocab))
+
+        def take(rows, logits):
+            buf[rows] = logits
+
+        dec.decode(toks, 0, range(128), take)
+    return buf.ravel().tolist()
+
+
+# --------------------------------------------------------------------------- evaluation fixtures
+# (of the tests/test_eval_*.py files)
+
+
+@pytest.fixture(scope="module")
+def text_slice():
+    """A tiny slice of a real corpus document (Hamlet, First Folio): ~2,800 tokens."""
+    from ggufrope.corpus import load_text
+
+    return load_text("hamlet")[20_000:30_000]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny LLaMA (tests/tiny_models.py, L = 64, seed 7) whose vocabulary's pieces t4..t9
+    tokenize without a space prefix."""
+    from tiny_models import write_tiny_llama
+
+    extra = {"tokenizer.ggml.add_space_prefix": False}  # texts of the vocabulary's pieces t4..t9
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny") / "llama.gguf", seed=7, extra_kv=extra)
+
+
+@pytest.fixture(scope="session")
+def smollm2_l512(smollm2, tmp_path_factory):
+    """A copy of the real model whose llama.context_length says L = 512 (a context "beyond L" made
+    cheap); session-scoped: a ~100 MB copy, the same for every test that reads it."""
+    from ggufrope.gguf_writer import set_keys
+
+    out = tmp_path_factory.mktemp("l512") / "smollm2-L512.gguf"
+    set_keys(smollm2, out, {"llama.context_length": 512})
+    return str(out)

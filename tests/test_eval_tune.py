@@ -1,10 +1,20 @@
 """``ggufrope tune``'s search (ggufrope/evaluation/tune.py) on objectives whose minimum is known,
-so that what the search finds can be checked; the command on a real model is in test_tune_cli."""
+so that what the search finds can be checked; its --write on a tiny model (L = 64), whose file
+gives the tuned setting's logits bit for bit without any override (the attention factor through
+llama.cpp's own rope.scaling.attn_factor key); and the published tune, which is what the
+committed cache gives. The command end to end on a tiny model is in test_eval_cli."""
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import tiny_logits as _logits
+from ggufrope.cli import main
+from ggufrope.evaluation import decoder as ED
 from ggufrope.evaluation import tune as T
 
 
@@ -103,3 +113,54 @@ def test_report_ranks_and_states_the_held_out_result():
 @pytest.mark.parametrize("a,b,want", [(105.178, 108.828, "-3.4 %"), (113.292, 120.329, "-5.8 %"), (2.0, 1.0, "+100.0 %")])
 def test_pct_hand_values(a, b, want):
     assert T.pct(a, b) == want
+
+
+# --- --write -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("st", [
+    ED.Setting("ntk-mixed", 2.0, 0.75, True, False, attn_factor=1.2),
+    ED.Setting("ntk-fixed", 2.5, None, False, False),
+    ED.Setting("ntk-mixed", None, 0.875, True, True, attn_factor=0.9),
+], ids=lambda s: s.label())
+def test_write_gives_the_setting_without_overrides(patched_lib, tiny, tmp_path, st):
+    out = tmp_path / "w.gguf"
+    line = T.write(str(tiny.path), str(out), st, 128)
+    assert ("rope.scaling.attn_factor" in line) == (st.attn_factor != 1.0)
+    got = np.array(_logits(str(out), None, plain=True))
+    want = np.array(_logits(str(tiny.path), st))
+    plain = np.array(_logits(str(tiny.path), ED.Setting("none")))
+    assert np.array_equal(got, want)
+    assert not np.allclose(got, plain)
+
+
+def test_write_refuses_stock_methods(patched_lib, tiny, tmp_path):
+    from ggufrope.errors import GGUFRopeError
+
+    with pytest.raises(GGUFRopeError, match="yarn is stock llama.cpp's own"):
+        T.write(str(tiny.path), str(tmp_path / "x.gguf"), T.candidate("yarn"), 128)
+    assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.real_model
+def test_published_tune_is_the_cached_units(patched_lib, smollm2, tmp_path):
+    """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
+    writes from the units committed in docs/results/cache: the search and the held-out check redone,
+    nothing typed by hand."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    pub = root / "docs" / "results" / "tune" / "smollm2-16384"
+    meta = json.loads((pub / "tune.json").read_text())
+    assert meta["n_ctx"] == 16384 and meta["texts"] == ["loc_workshop"] and meta["held_out_texts"] == ["docutils_manual"]
+    r = CliRunner().invoke(main, ["tune", smollm2, "-c", "16384", "--cache", str(tmp_path / "cache"), "-q",
+                                  "--report-only", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "tune.md").read_text() == (pub / "tune.md").read_text()
+    results_md = (root / "docs" / "results.md").read_text()
+    for line in (pub / "tune.md").read_text().splitlines():
+        if line.startswith("| ") and ("(chosen)" in line or "seed default" in line or "yarn" in line):
+            assert line in results_md, line

@@ -1,6 +1,7 @@
 """RULER-lite (ggufrope/evaluation/ruler.py): the generators against RULER's task definitions,
 the scorer against hand-computed values, and every task on the real model at a short context
-(within L), with the shuffled control and the truncation baseline.
+(within L), with the shuffled control and the truncation baseline. The `eval ruler` command:
+tests/test_eval_cli.py; compare's retrieval table: tests/test_eval_grid.py.
 
 References: RULER (Hsieh et al. 2024), github.com/NVIDIA/RULER scripts/data/synthetic/*.py and
 scripts/eval/synthetic/constants.py (string_match_all). The expected values below are written
@@ -225,61 +226,3 @@ def test_truncation_baseline_cannot_answer_what_it_cut(dec):
             assert b["score"] == 0.0, (i, b["answer"])
     assert kept_any and cut_any  # depths are spread: both cases occur in 10 samples
     assert cut["score"] < full["score"]
-
-
-# --- the commands: eval ruler, and compare's retrieval table with the truncation rows -------------
-# (the tiny test vocabularies cannot tokenize English, so these use the real model; a copy whose
-# llama.context_length says L = 512 makes a context "beyond L" cheap)
-
-
-@pytest.fixture(scope="module")
-def smollm2_l512(smollm2, tmp_path_factory):
-    from ggufrope.gguf_writer import set_keys
-
-    out = tmp_path_factory.mktemp("l512") / "smollm2-L512.gguf"
-    set_keys(smollm2, out, {"llama.context_length": 512})
-    return str(out)
-
-
-@pytest.mark.real_model
-def test_eval_ruler_command_and_truncate_refusal(patched_lib, smollm2_l512):
-    import json
-
-    from click.testing import CliRunner
-
-    from ggufrope.cli import main
-
-    r = CliRunner().invoke(main, ["eval", "ruler", smollm2_l512, "-c", "512", "--tasks", "niah_single,fwe",
-                                  "--samples", "2", "-t", str(THREADS), "--json"])
-    assert r.exit_code == 0, r.output
-    out = json.loads(r.output[r.output.index("{"):])
-    assert set(out["results"]["512"]) == {"niah_single", "fwe"}
-    rows = out["results"]["512"]["niah_single"]["rows"]
-    assert len(rows) == 2 and all(512 - 32 - 30 <= x["prompt_tokens"] <= 512 - 32 for x in rows)
-    bad = CliRunner().invoke(main, ["eval", "ruler", smollm2_l512, "-c", "1024", "--truncate", "-m", "ntk-mixed"])
-    assert bad.exit_code != 0 and "--truncate is the baseline without a method" in bad.output
-    assert "Traceback" not in bad.output
-    t = CliRunner().invoke(main, ["eval", "ruler", smollm2_l512, "-c", "1024", "--truncate", "--tasks", "niah_single",
-                                  "--samples", "2", "-t", str(THREADS), "--json"])
-    assert t.exit_code == 0, t.output
-    tr = json.loads(t.output[t.output.index("{"):])["results"]["1024"]["niah_single"]["rows"]
-    assert all(x["prompt_tokens"] == 512 - 32 for x in tr)  # the last L - n_gen tokens
-
-
-@pytest.mark.real_model
-def test_compare_writes_the_retrieval_table_with_the_truncation_row(patched_lib, smollm2_l512, tmp_path):
-    from ggufrope.evaluation import grid as G
-
-    kw = dict(n_ctxs=[512, 1024], methods=["none", "ntk-mixed"], logn_modes=[False], texts=[], trials=2,
-              depths=[0.5], ruler_tasks=["niah_single"], samples=2, out_dir=tmp_path / "out", progress=False,
-              threads=THREADS)
-    res, st = G.run_compare(smollm2_l512, **kw)
-    # 2 contexts x 2 methods x (passkey + niah_single), and the truncation rows beyond L only (1024): 2 units
-    assert st.computed == 8 + 2
-    trunc = [c for c in res["cells"] if c["method"] == "truncate"]
-    assert [c["n_ctx"] for c in trunc] == [1024] and trunc[0]["ruler"]["niah_single"]["samples"] == 2
-    assert trunc[0]["passkey_trials"] == 2
-    md = (tmp_path / "out" / "results.md").read_text()
-    assert "| Truncation baseline (last L = 512 tokens, none) |" in md and "niah_single @ 1024" in md
-    _, st2 = G.run_compare(smollm2_l512, **kw)  # resumable: nothing computed again
-    assert st2.computed == 0 and st2.cached == 10

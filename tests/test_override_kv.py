@@ -1,4 +1,5 @@
-"""``ggufrope show --override-kv``: the llama.cpp flags that select a file's method on a plain copy.
+"""ggufrope/override_kv.py, ``ggufrope show --override-kv``: the llama.cpp flags that select a
+file's method on a plain copy.
 
 The printed line is parsed back (``shlex``, then llama.cpp's KEY=TYPE:VALUE) and a PLAIN tiny
 model (L = 64) loaded with those overrides in the patched library must run the same rope as the

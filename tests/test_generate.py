@@ -1,7 +1,7 @@
-"""generate's default n_ctx (fit the prompt and -n) and the chat's library (ggufrope.generate.Chat):
-the template in use, the KV cache reused across turns, a turn that would overflow the
-context refused with the conversation unchanged, /reset, and the chat command driven through
-its stdin. The terminal itself is tests/test_chat_tmux.py.
+"""ggufrope/generate.py: generate's default n_ctx (fit the prompt and -n) and the chat's library
+(ggufrope.generate.Chat): the template in use, the KV cache reused across turns, a turn that
+would overflow the context refused with the conversation unchanged, /reset, and the chat command
+driven through its stdin. The terminal itself is tests/test_chat_tmux.py.
 
 generate runs on tiny random models (tests/tiny_models.py, a 4,400-token prompt in ~3 s); the
 chat runs on the real SmolLM2-135M-Instruct (its chat template, a few short turns)."""

@@ -1,0 +1,214 @@
+"""ggufrope/evaluation/decoder.py: the token NLL, the Setting's attention factor, and every
+method reaching the library through load_model.
+
+a. The token NLL is a float64 log-softmax.
+b. A constant attention scale s (``Setting.attn_factor``, llama.cpp's ``yarn_attn_factor``):
+   its checks; a unit key with s != 1 differs, one with s = 1 is the key of before; and on a
+   tiny model llama.cpp's logits are the torch reference's with every attention logit
+   multiplied by s².
+c. Every method reaches the library (the real model at a short context): logits differ from
+   `none` and from each other at every position > 0 and agree where the math says they must
+   (position 0; ntk-mixed with k = 1; log-n below L), so a silently ignored override cannot pass.
+d. The factor k the evaluation applies: passed explicitly and checked against the one in use.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from ggufrope.errors import GGUFRopeError
+from ggufrope.evaluation import cache as EC, decoder as ED
+
+THREADS = os.cpu_count() or 1
+L = 64  # n_ctx_train of the tiny models
+FP = {"sha256": "ab" * 32, "size": 1234}
+
+
+# --- a. the token NLL -------------------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_token_nll_is_float64_log_softmax():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((300, 1000)) * 20).astype(np.float32)
+    t = rng.integers(0, 1000, 300)
+    x64 = x.astype(np.float64)
+    ref = np.log(np.exp(x64 - x64.max(1, keepdims=True)).sum(1)) + x64.max(1) - x64[np.arange(300), t]
+    np.testing.assert_allclose(ED.token_nll(x, t, block=64), ref, rtol=1e-12)
+
+
+# --- b. attention factor: key, label, checks ------------------------------------------------------
+
+
+def test_attn_factor_key_and_label():
+    old = {"eval_version": 1, "model": FP, "method": "ntk-mixed", "factor": 2.0, "exponent": 0.625, "logn": True,
+           "n_ctx": 128, "n_ctx_orig": L}  # the key as written before attn_factor existed
+    one = ED.Setting.for_grid("ntk-mixed", None, 0.625, True)
+    assert EC.unit_key(one, 128, L, FP) == old
+    assert EC.unit_key(ED.Setting("ntk-mixed", None, 0.625, True, attn_factor=1), 128, L, FP) == old
+    s = ED.Setting.for_grid("ntk-mixed", None, 0.625, True, attn_factor=1.035)
+    key = EC.unit_key(s, 128, L, FP)
+    assert key == {**old, "attn_factor": 1.035} and key != old
+    cache = EC.Cache.__new__(EC.Cache)
+    cache.root = pathlib.Path("cache")
+    assert cache.path({**key, "kind": "passkey"}) != cache.path({**old, "kind": "passkey"})
+    assert s.label(128, L) == "ntk-mixed (b=0.625) k=2 + log-n attn×1.035"
+    assert one.label(128, L) == "ntk-mixed (b=0.625) k=2 + log-n"
+    assert s != one and hash(s) != hash(one)
+
+
+def test_attn_factor_checks():
+    for bad in (0, -1.0, float("nan"), float("inf"), "x"):
+        with pytest.raises(GGUFRopeError, match="attention factor must be a number > 0"):
+            ED.Setting("none", attn_factor=bad)
+    with pytest.raises(GGUFRopeError, match="attention factor 1.1 with yarn: .* use 1 with yarn"):
+        ED.Setting("yarn", 2.0, attn_factor=1.1)
+    assert ED.Setting("yarn", 2.0, attn_factor=1).attn_factor == 1.0
+
+
+# --- b. attention factor: llama.cpp against the torch reference -------------------------------------
+
+
+def _logits(model, setting, toks):
+    # F32 KV cache and no flash attention, as tests/test_reference_forward.py compares them
+    llm = ED.load_model(model.path, setting, len(toks), n_batch=len(toks), threads=2, flash_attn=False,
+                       type_k=0, type_v=0)
+    with ED.Decoder(llm) as dec:
+        buf = np.empty((len(toks), dec.n_vocab), dtype=np.float64)
+
+        def take(rows, logits):
+            buf[rows] = logits
+
+        dec.clear()
+        dec.decode(toks, 0, range(len(toks)), take)
+    del llm
+    return buf
+
+
+def _rel_err(a, b):
+    return np.linalg.norm(a - b, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+@pytest.mark.parametrize("method,k,logn", [("none", 1.0, False), ("ntk-mixed", 4.0, True)])
+def test_attn_factor_scales_attention_logits_by_its_square(patched_lib, tiny, method, k, logn):
+    from torch_reference import forward
+
+    s = 1.3
+    toks = np.random.default_rng(0).integers(4, tiny.n_vocab, size=4 * L).tolist()
+    st = ED.Setting(method, k if method != "none" else None, logn=logn, attn_factor=s)
+    got = _logits(tiny, st, toks)
+    ref = forward(tiny, toks, method=method, k=k, logn_ctx=L if logn else 0, attn_logit_scale=s * s)
+    plain = forward(tiny, toks, method=method, k=k, logn_ctx=L if logn else 0)
+    err, moved = _rel_err(got, ref).max(), _rel_err(plain, ref).max()
+    print(f"\n{st.label()}: max rel err {err:.2e} against the reference with logits x s^2; s = 1 is {moved:.2e} away")
+    assert err <= 1e-3 and moved > 1e-2
+    assert _rel_err(_logits(tiny, ED.Setting(method, k if method != "none" else None, logn=logn), toks),
+                    plain).max() <= 1e-3
+
+
+# --- c. every method reaches the library --------------------------------------------------------------
+
+N_C = 160  # tokens evaluated per configuration
+L_SHORT = 100  # log-n's L, lowered through llama.cpp's own yarn_orig_ctx parameter
+
+
+@pytest.fixture(scope="module")
+def all_logits(patched_lib, smollm2, text_slice):
+    """Logits at every position of the same N_C tokens of real text, per configuration."""
+    cfgs = {
+        "none": (ED.Setting("none"), {}),
+        "none again": (ED.Setting("none"), {}),
+        "linear": (ED.Setting("linear", 2.0), {}),
+        "yarn": (ED.Setting("yarn", 2.0), {}),
+        "ntk": (ED.Setting("ntk", 2.0), {}),
+        "ntk-fixed": (ED.Setting("ntk-fixed", 2.0), {}),
+        "ntk-mixed": (ED.Setting("ntk-mixed", 2.0, 0.625), {}),
+        "ntk-mixed b=0.4": (ED.Setting("ntk-mixed", 2.0, 0.4), {}),
+        "ntk-mixed b=1": (ED.Setting("ntk-mixed", 2.0, 1.0), {}),
+        "ntk-mixed k=1": (ED.Setting("ntk-mixed", 1.0, 0.625), {}),
+        "none+logn": (ED.Setting("none", logn=True), {}),  # L = 8192: no position reaches it
+        "none+logn L=100": (ED.Setting("none", logn=True), {"yarn_orig_ctx": L_SHORT}),
+    }
+    out = {}
+    toks = None
+    for name, (st, kw) in cfgs.items():
+        llm = ED.load_model(smollm2, st, N_C, n_batch=N_C, threads=THREADS, **kw)
+        with ED.Decoder(llm) as dec:
+            if toks is None:
+                toks = dec.tokenize(text_slice)[:N_C]
+            buf = np.empty((N_C, dec.n_vocab), dtype=np.float32)
+
+            def take(rows, logits, buf=buf):
+                buf[rows] = logits
+
+            dec.clear()
+            dec.decode(toks, 0, range(N_C), take)
+        out[name] = buf
+        del llm
+    return out
+
+
+def _maxdiff(a, b):
+    return np.abs(a.astype(np.float64) - b).max(axis=1)  # per position
+
+
+@pytest.mark.real_model
+def test_methods_differ_where_they_must(all_logits):
+    moved = ["linear", "yarn", "ntk", "ntk-fixed", "ntk-mixed", "ntk-mixed b=0.4"]
+    for i, a in enumerate(["none"] + moved):
+        for b in moved[i:]:
+            if a == b:
+                continue
+            d = _maxdiff(all_logits[a], all_logits[b])
+            assert d[0] == 0.0, f"{a} vs {b} at position 0: rope is the identity there"
+            assert d[1:].min() > 1e-3, f"{a} vs {b}: logits equal at position {int(np.argmin(d[1:])) + 1}"
+
+
+@pytest.mark.real_model
+def test_methods_agree_where_they_must(all_logits):
+    none = all_logits["none"]
+    assert np.array_equal(none, all_logits["none again"])  # the engine is deterministic
+    assert np.array_equal(none, all_logits["ntk-mixed k=1"])  # every ff_i = exp(0) = 1
+    assert np.array_equal(none, all_logits["none+logn"])  # every position < L = 8192
+    # b = 1 is ntk-fixed: a*(i+1) with a = ln k / (d/2) is (i+1) ln lambda (float rounding only)
+    close = _maxdiff(all_logits["ntk-mixed b=1"], all_logits["ntk-fixed"]).max()
+    apart = _maxdiff(all_logits["ntk-mixed"], all_logits["ntk-fixed"]).max()
+    assert close < 0.05 * apart, (close, apart)
+
+
+@pytest.mark.real_model
+def test_logn_changes_exactly_the_positions_beyond_L(all_logits):
+    d = _maxdiff(all_logits["none"], all_logits["none+logn L=100"])
+    assert (d[:L_SHORT] == 0).all(), f"log-n changed positions < L: {np.nonzero(d[:L_SHORT])[0]}"
+    assert d[L_SHORT:].min() > 1e-4, f"log-n left position {L_SHORT + int(np.argmin(d[L_SHORT:]))} unchanged"
+
+
+# --- d. the factor k the evaluation applies --------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monkeypatch):
+    """The grid's rule, on a tiny model (L = 64) at an n_ctx that is not a multiple of 256: every
+    method that takes k gets k = n_ctx / L = 3.125 explicitly (not the library's auto, which would
+    be 256 / 64 = 4 here), the k read back from the context is that one, and a library that
+    applied another k would be caught."""
+    from tiny_models import write_tiny_llama
+
+    from ggufrope import runtime
+
+    m = write_tiny_llama(tmp_path / "t.gguf", seed=4)
+    for st in (ED.Setting("ntk-mixed"), ED.Setting("ntk", logn=True), ED.Setting("linear"), ED.Setting("yarn")):
+        llm = ED.load_model(m.path, st, 200, threads=2)
+        assert llm.ggufrope.factor == 3.125 and not llm.ggufrope.auto, st
+        assert st.label(200, 64).endswith("k=3.125" + (" + log-n" if st.logn else ""))
+        del llm
+    llm = ED.load_model(m.path, ED.Setting("none", logn=True), 200, threads=2)
+    assert llm.ggufrope.factor is None
+    del llm
+    monkeypatch.setattr(runtime, "factor_in_use", lambda llm: 4.0)
+    with pytest.raises(GGUFRopeError, match="llama.cpp applies k = 4.0 where k = 3.125 was passed"):
+        ED.load_model(m.path, ED.Setting("ntk-mixed"), 200, threads=2)

@@ -1,0 +1,171 @@
+"""ggufrope/evaluation/grid.py: `ggufrope eval compare` (run_compare) on the real model.
+
+a. On a tiny grid it writes results.json, results.md and ppl.png, and resumes from its cache
+   (a second run computes nothing; a deleted unit is recomputed alone); --report-only computes
+   nothing and reports the rest as not run.
+b. The retrieval table with the truncation rows (beyond L only), on a copy of the real model
+   whose llama.context_length says L = 512.
+c. The published results (docs/results) are what the committed cache holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ggufrope.evaluation import grid as EG, ppl as EP, report as ER
+
+pytestmark = pytest.mark.real_model
+
+THREADS = os.cpu_count() or 1
+
+
+# --- a. compare: outputs and resuming ------------------------------------------------------------------
+
+
+def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text_slice, tmp_path):
+    from click.testing import CliRunner
+
+    from ggufrope.cli import main
+
+    txt = tmp_path / "slice.txt"
+    txt.write_text(text_slice[:2500], encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["eval", "compare", str(smollm2), "--n-ctx", "256", "--methods", "none,ntk-mixed", "--logn", "off",
+            "-k", "2", "--text", str(txt), "--trials", "1", "--out", str(out), "-q", "-t", str(THREADS)]
+    runner = CliRunner()
+
+    r1 = runner.invoke(main, args)
+    assert r1.exit_code == 0, r1.output
+    assert "units: 4 computed, 0 from the cache" in r1.output
+    res = json.loads((out / "results.json").read_text())
+    assert [(c["method"], c["logn"], c["n_ctx"]) for c in res["cells"]] == [("none", False, 256), ("ntk-mixed", False, 256)]
+    for c in res["cells"]:
+        assert c["ppl"] > 1 and c["ppl_beyond"] is None and c["passkey_trials"] == 1
+    assert res["cells"][0]["ppl"] != res["cells"][1]["ppl"]  # k = 2 reached the library
+    md = (out / "results.md").read_text()
+    assert "| Baseline |" in md and "| NTK-RoPE-mixed (b=0.625) |" in md and "ggufrope eval compare" in md
+    png = (out / "ppl.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
+    cached = sorted((out / "cache").glob("*-256-*.json"))
+    assert len(cached) == 4
+    mtimes = [p.stat().st_mtime_ns for p in cached]
+
+    r2 = runner.invoke(main, args)  # resumes: nothing left to compute
+    assert r2.exit_code == 0, r2.output
+    assert "units: 0 computed, 4 from the cache" in r2.output
+    assert [p.stat().st_mtime_ns for p in cached] == mtimes
+    assert json.loads((out / "results.json").read_text())["cells"] == res["cells"]
+
+    cached[0].unlink()  # an interrupted run: one unit missing
+    r3 = runner.invoke(main, args)
+    assert r3.exit_code == 0, r3.output
+    assert "units: 1 computed, 3 from the cache" in r3.output
+    assert json.loads((out / "results.json").read_text())["cells"] == res["cells"]  # deterministic
+
+    # --report-only over a larger grid: computes nothing, reports what is cached, the rest as not run
+    n_files = len(list((out / "cache").glob("*.json")))
+    wide = [a if a != "none,ntk-mixed" else "none,yarn,ntk-mixed" for a in args] + ["--report-only"]
+    r4 = runner.invoke(main, wide)
+    assert r4.exit_code == 0, r4.output
+    assert "units: 0 computed, 4 from the cache, 2 not run" in r4.output
+    assert len(list((out / "cache").glob("*.json"))) == n_files
+    res4 = json.loads((out / "results.json").read_text())
+    by = {c["method"]: c for c in res4["cells"]}
+    assert by["yarn"]["ppl"] is None and by["yarn"]["passkey_accuracy"] is None
+    assert [by["none"], by["ntk-mixed"]] == res["cells"]
+    assert "| YaRN | – / – |" in (out / "results.md").read_text()
+
+
+# --- b. compare's retrieval table with the truncation rows ------------------------------------------
+# (the tiny test vocabularies cannot tokenize English, so this uses the real model; a copy whose
+# llama.context_length says L = 512 makes a context "beyond L" cheap)
+
+
+@pytest.mark.real_model
+def test_compare_writes_the_retrieval_table_with_the_truncation_row(patched_lib, smollm2_l512, tmp_path):
+    from ggufrope.evaluation import grid as G
+
+    kw = dict(n_ctxs=[512, 1024], methods=["none", "ntk-mixed"], logn_modes=[False], texts=[], trials=2,
+              depths=[0.5], ruler_tasks=["niah_single"], samples=2, out_dir=tmp_path / "out", progress=False,
+              threads=THREADS)
+    res, st = G.run_compare(smollm2_l512, **kw)
+    # 2 contexts x 2 methods x (passkey + niah_single), and the truncation rows beyond L only (1024): 2 units
+    assert st.computed == 8 + 2
+    trunc = [c for c in res["cells"] if c["method"] == "truncate"]
+    assert [c["n_ctx"] for c in trunc] == [1024] and trunc[0]["ruler"]["niah_single"]["samples"] == 2
+    assert trunc[0]["passkey_trials"] == 2
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "| Truncation baseline (last L = 512 tokens, none) |" in md and "niah_single @ 1024" in md
+    _, st2 = G.run_compare(smollm2_l512, **kw)  # resumable: nothing computed again
+    assert st2.computed == 0 and st2.cached == 10
+
+
+# --- c. the published results are what the cache holds ------------------------------------------
+
+
+def test_published_results_are_the_cached_units(smollm2, tmp_path):
+    """docs/results/results.json and the table in docs/results.md are regenerated, with
+    --report-only, from the raw per-unit results committed in docs/results/cache: nothing in the
+    published table is typed by hand or left over from another model, text or grid."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pub = json.loads((root / "docs" / "results" / "results.json").read_text(encoding="utf-8"))
+    g = pub["grid"]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
+    assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
+    res, stats = EG.run_compare(
+        smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], factor=g["factor"],
+        exponent=g["exponent"], texts=texts, max_windows=g["max_windows"], score_from=g["score_from"],
+        trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"], out_dir=tmp_path / "out",
+        cache_dir=tmp_path / "cache", report_only=True, progress=False,
+    )
+    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
+    assert res["cells"] == pub["cells"]
+    md = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    rows = [line for line in ER.markdown_table(res).splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
+    for line in rows:
+        assert line in md, line
+
+
+def _published_dynamic_reports():
+    from pathlib import Path
+
+    return sorted((Path(__file__).resolve().parents[1] / "docs" / "results" / "dynamic").glob("*/results.json"))
+
+
+@pytest.mark.parametrize("report", _published_dynamic_reports(), ids=lambda p: p.parent.name)
+def test_published_dynamic_reports_are_the_cached_units(smollm2, tmp_path, report):
+    """The dynamic-k tables of docs/results.md (issue 13; `make results-dynamic-report`) are
+    regenerated with --report-only from the committed units: every table row quoted in
+    docs/results.md is the one the cache gives."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    pub = json.loads(report.read_text(encoding="utf-8"))
+    g = pub["grid"]
+    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
+    res, stats = EG.run_compare(
+        smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
+        dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"], texts=texts, max_windows=g["max_windows"],
+        score_from=g["score_from"], trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"],
+        out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,
+    )
+    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
+    assert res["cells"] == pub["cells"]
+    md = (root / "docs" / "results.md").read_text(encoding="utf-8")
+    table = (report.parent / "results.md").read_text(encoding="utf-8")
+    for line in ER.markdown_table(res).splitlines():
+        if line.startswith("| "):
+            assert line in table, line
+            assert line in md, line
