@@ -1,4 +1,5 @@
-"""The ``ggufrope`` command line (click): ``set``, ``show``, ``reset``.
+"""The ``ggufrope`` command line (click): ``set``, ``show``, ``reset``, ``generate`` and ``chat``
+(``eval`` and ``tune`` join it from :mod:`ggufrope.evaluation.cli`).
 
 Every :class:`~ggufrope.errors.GGUFRopeError` raised by a command, this module's or one
 added later with ``@main.command()``, is printed as ``ggufrope: error: <message>`` on

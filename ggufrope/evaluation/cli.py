@@ -1,5 +1,5 @@
-"""The ``ggufrope eval`` command group (``ppl``, ``passkey``, ``compare``) and the parsers of
-its flags.
+"""The evaluation's command line: the ``ggufrope eval`` group (``ppl``, ``passkey``, ``ruler``,
+``compare``), ``ggufrope tune``, and the parsers of their flags.
 
 The group adds itself to :data:`ggufrope.cli.main` when this module is imported; ggufrope/cli.py
 imports it at its end, so ``ggufrope eval ...`` is there whichever module is imported first.

@@ -1,4 +1,5 @@
-"""Passkey retrieval.
+"""Passkey retrieval: the prompt with a 5-digit key hidden at a depth of the filler, and its
+greedy, graded trials.
 
 The prompt is the one of Mohtashami & Jaggi (2023), as in the PI and YaRN papers: a task line,
 the filler "The grass is green. The sky is blue. ..." repeated, the line "The pass key is
