@@ -233,6 +233,40 @@ def chat_template(llm: Any) -> ChatTemplate:
     return ChatTemplate(CHATML_CHAT_TEMPLATE, False)
 
 
+class TemplateRenderer:
+    """A loaded model's chat template (:func:`chat_template`, or ``template``) rendered with
+    llama-cpp-python's Jinja2 formatter (the model's BOS and EOS texts as ``bos_token`` and
+    ``eos_token``), and text tokenized as llama.cpp's server tokenizes a rendered prompt:
+    special tokens parsed, BOS added when the vocabulary asks for one and the text does not
+    already begin with it (a template that writes ``{{ bos_token }}`` gets no second BOS)."""
+
+    def __init__(self, llm: Any, template: ChatTemplate | None = None) -> None:
+        import llama_cpp
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.llm = llm
+        self.template = template or chat_template(llm)
+        model = llm._model
+        bos, eos = llm.token_bos(), llm.token_eos()
+        self.bos_text = model.token_get_text(bos) if bos != -1 else ""
+        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(model.vocab))
+        self._formatter = Jinja2ChatFormatter(self.template.source, bos_token=self.bos_text,
+                                              eos_token=model.token_get_text(eos) if eos != -1 else "")
+
+    def render(self, messages: list[dict[str, str]], what: str = "this conversation") -> str:
+        """The prompt text of ``messages``, ending with the generation prompt. Raises
+        :class:`GGUFRopeError` naming ``what`` when the template cannot render them."""
+        try:
+            return self._formatter(messages=messages).prompt
+        except Exception as e:  # jinja2 errors, the template's raise_exception (ValueError)
+            raise GGUFRopeError(f"the chat template cannot render {what}: {e}") from None
+
+    def tokenize(self, text: str) -> list[int]:
+        """``text``'s tokens, special tokens parsed, BOS as the class docstring says."""
+        add_bos = self.add_bos and not (self.bos_text and text.startswith(self.bos_text))
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+
 class Chat:
     """A conversation with a loaded model, in its chat template (:func:`chat_template`).
 
@@ -249,9 +283,6 @@ class Chat:
 
     def __init__(self, llm: Any, *, system: str | None = None, document: str | None = None, n_predict: int = 256,
                  temp: float = 0.0, seed: int = 0, progress: bool = False) -> None:
-        import llama_cpp
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
         self.llm = llm
         self.system = system
         self.document = document
@@ -260,13 +291,8 @@ class Chat:
         self.seed = seed
         self.progress = progress
         self.turns: list[tuple[str, str]] = []
-        self.template = chat_template(llm)
-        model = llm._model
-        bos, eos = llm.token_bos(), llm.token_eos()
-        self._bos_text = model.token_get_text(bos) if bos != -1 else ""
-        eos_text = model.token_get_text(eos) if eos != -1 else ""
-        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(model.vocab))
-        self._formatter = Jinja2ChatFormatter(self.template.source, eos_token=eos_text, bos_token=self._bos_text)
+        self._renderer = TemplateRenderer(llm)
+        self.template = self._renderer.template
         self.n_ctx = llm.n_ctx()
         self.document_tokens = 0
         if document is not None:
@@ -294,14 +320,10 @@ class Chat:
         return f"{self.document}\n\n{text}" if first and self.document is not None else text
 
     def _render(self, messages: list[dict[str, str]]) -> str:
-        try:
-            return self._formatter(messages=messages).prompt
-        except Exception as e:  # jinja2 errors, the template's raise_exception (ValueError)
-            raise GGUFRopeError(f"the chat template cannot render this conversation: {e}") from None
+        return self._renderer.render(messages)
 
     def _tokenize(self, text: str) -> list[int]:
-        add_bos = self._add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        return self._renderer.tokenize(text)
 
     def _document_prefix(self) -> list[int]:
         """The tokens of the conversation up to the end of the document (system prompt,

@@ -280,39 +280,20 @@ class Prompter:
     template did not write it."""
 
     def __init__(self, llm: Any, chat: bool | None = None):
-        import llama_cpp
-
-        from ..generate import chat_template
+        from ..generate import TemplateRenderer
 
         self.llm = llm
-        model = llm._model
-        bos = llm.token_bos()
-        self._bos_text = model.token_get_text(bos) if bos != -1 else ""
-        self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(model.vocab))
-        self.bos = bos
-        t = chat_template(llm)
-        self.chat = t.from_gguf if chat is None else chat
-        self._fmt = None
-        if self.chat:
-            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-            eos = llm.token_eos()
-            self._fmt = Jinja2ChatFormatter(t.source, eos_token=model.token_get_text(eos) if eos != -1 else "",
-                                            bos_token=self._bos_text)
+        self._renderer = TemplateRenderer(llm)
+        self.chat = self._renderer.template.from_gguf if chat is None else chat
 
     def text(self, s: Sample) -> str:
-        if self._fmt is None:
+        if not self.chat:
             return s.message + s.answer_prefix
-        try:
-            head = self._fmt(messages=[{"role": "user", "content": s.message}]).prompt
-        except Exception as e:  # jinja2 errors, the template's raise_exception
-            raise GGUFRopeError(f"the chat template cannot render a RULER-lite prompt: {e}") from None
+        head = self._renderer.render([{"role": "user", "content": s.message}], "a RULER-lite prompt")
         return head + s.answer_prefix.lstrip()
 
     def tokens(self, s: Sample) -> list[int]:
-        text = self.text(s)
-        add_bos = self.add_bos and not (self._bos_text and text.startswith(self._bos_text))
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        return self._renderer.tokenize(self.text(s))
 
 
 def fit_sample(prompter: Prompter, task: str, seed: int, index: int, budget: int) -> tuple[Sample, list[int]]:
