@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
@@ -146,6 +146,18 @@ def _eval_engine_options(f: Any) -> Any:
     return f
 
 
+def _model_and_contexts(what: str) -> Callable[[Any], Any]:
+    """The MODEL argument and ``-c N[,N...]`` (default 2 x L) of a retrieval command; ``what``:
+    how its prompt fills each context."""
+
+    def deco(f: Any) -> Any:
+        f = click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
+                         help=f"Context lengths ({what}).  [default: 2 x L]")(f)
+        return click.argument("model", metavar="MODEL")(f)
+
+    return deco
+
+
 def _say_rope(llm: Any) -> None:
     from ..runtime import describe
 
@@ -217,9 +229,7 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
 
 
 @eval_group.command("passkey", context_settings=_CONTEXT)
-@click.argument("model", metavar="MODEL")
-@click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
-              help="Context lengths (the prompt fills n_ctx less --n-gen tokens).  [default: 2 x L]")
+@_model_and_contexts("the prompt fills n_ctx less --n-gen tokens")
 @_eval_method_options
 @click.option("--trials", type=click.IntRange(min=1), default=10, show_default=True, help="Trials per context.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the keys and depths.")
@@ -377,9 +387,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
 
 
 @eval_group.command("ruler", context_settings=_CONTEXT)
-@click.argument("model", metavar="MODEL")
-@click.option("-c", "--n-ctx", "n_ctxs", default=None, metavar="N[,N...]",
-              help="Context lengths (each prompt fills n_ctx less the task's answer tokens).  [default: 2 x L]")
+@_model_and_contexts("each prompt fills n_ctx less the task's answer tokens")
 @_eval_method_options
 @click.option("--tasks", "tasks_spec", default="niah_single,vt", show_default=True, metavar="T[,T...]",
               help="niah_single, niah_multikey, niah_multikey_uuid, vt, cwe, fwe, or all.")
