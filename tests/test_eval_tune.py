@@ -101,7 +101,7 @@ def test_report_ranks_and_states_the_held_out_result():
                               "yarn": {"ppl_beyond": 7.1}}, held_texts=["other"])
     lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
     assert "(chosen)" in lines[1] and "yarn (stock)" in md
-    assert "| seed default | 7.0000 | +0.0 % | -1.4 % |" in md  # 7.0/7.1 - 1 = -1.41 %
+    assert "| seed default | 7.0000 | 0.0 % | -1.4 % |" in md  # 7.0/7.1 - 1 = -1.41 %
     assert "| chosen | 6.9000 | -1.4 % | -2.8 % |" in md  # 6.9/7.0 - 1 = -1.43 %, 6.9/7.1 - 1 = -2.82 %
     assert "beats both the seed default and YaRN" in md
     md2 = T.markdown(s.trials, best, n_ctx=16384, L=8192, texts=["doc"],
@@ -110,7 +110,9 @@ def test_report_ranks_and_states_the_held_out_result():
     assert "does NOT beat" in md2
 
 
-@pytest.mark.parametrize("a,b,want", [(105.178, 108.828, "-3.4 %"), (113.292, 120.329, "-5.8 %"), (2.0, 1.0, "+100.0 %")])
+@pytest.mark.parametrize("a,b,want", [(105.178, 108.828, "-3.4 %"), (113.292, 120.329, "-5.8 %"), (2.0, 1.0, "+100.0 %"),
+                                     # 18.8245 / 18.8263 - 1 = -0.0018 / 18.8263 = -0.0096 %; 7.0 / 7.0 - 1 = 0
+                                     (18.8245, 18.8263, "-0.01 %"), (7.0, 7.0, "0.0 %"), (1.0004, 1.0, "+0.04 %")])
 def test_pct_hand_values(a, b, want):
     assert T.pct(a, b) == want
 

@@ -183,8 +183,12 @@ def choose_with_retrieval(trials: Sequence[Trial], retrieval: Callable[[Setting]
 
 
 def pct(a: float, b: float) -> str:
-    """``a`` relative to ``b`` in percent, signed (``-2.1 %`` = 2.1 % lower)."""
-    return f"{100.0 * (a / b - 1.0):+.1f} %"
+    """``a`` relative to ``b`` in percent, signed (``-2.1 %`` = 2.1 % lower); a difference below
+    0.05 % gets two decimals (``-0.01 %``, never ``-0.0 %``), none at all is ``0.0 %``."""
+    x = 100.0 * (a / b - 1.0)
+    if x == 0.0:
+        return "0.0 %"
+    return f"{x:+.2f} %" if abs(x) < 0.05 else f"{x:+.1f} %"
 
 
 def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, texts: Sequence[str],
