@@ -62,12 +62,12 @@ class DebugLog:
         return [float(m.group(1)) for m in (re.search(r"re-rotated in ([0-9.]+) ms", s) for s in self.lines) if m]
 
 
-def open_ctx(model, dynamic: bool, n_ctx: int, threads: int):
+def open_ctx(model, dynamic: bool, n_ctx: int, threads: int, ngl: int = 0):
     from ggufrope import runtime
 
     k = {"dynamic": True} if dynamic else {"factor": 2.0, "dynamic": False}
     return runtime.load(model, method="ntk-mixed", exponent=0.625, logn=True, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
-                        flash_attn=True, n_threads=threads, n_threads_batch=threads, **k)
+                        flash_attn=True, n_threads=threads, n_threads_batch=threads, n_gpu_layers=ngl, **k)
 
 
 def k_now(llm) -> float:
@@ -114,14 +114,14 @@ def round_trip(llm, tokens: list[int], n_prefill: int, depth: int) -> dict:
             "decode_tok_s": N_DECODE / decode_s, "k_after_prefill": k_after_prefill, "k_after_decode": k_now(llm)}
 
 
-def rerotation(model, n_ctx: int, threads: int, rounds: int, log: DebugLog) -> dict:
+def rerotation(model, n_ctx: int, threads: int, rounds: int, log: DebugLog, ngl: int = 0) -> dict:
     """One step of k on a cache of ``n_ctx`` cells (module docstring). Per round, alternated: 64
     tokens decoded (k = 1), their positions moved up by S with ``llama_memory_seq_add``, then one
     token decoded at 64 + S. S = 8128: n = 8193 > L, k 1 -> 2, the cache re-rotated (after the
     K-shift of the move); S = 8127: n = 8192, no step (the K-shift alone)."""
     import llama_cpp
 
-    llm = open_ctx(model, True, n_ctx, threads)
+    llm = open_ctx(model, True, n_ctx, threads, ngl)
     toks = llm.tokenize(b"The quick brown fox jumps over the lazy dog. " * 16, add_bos=True)[:65]
     mem = llama_cpp.llama_get_memory(llm._ctx.ctx)
     out = {"n_ctx": n_ctx, "rerotation_ms": [], "decode_with_step_s": [], "decode_without_step_s": []}
@@ -153,6 +153,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--n-prefill", type=int, default=N_PREFILL, help="prefill length (a smoke run: 1024)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0,
+                    help="layers offloaded to the GPU (-1: all; a CUDA build)")
     ap.add_argument("--out", default=str(benchlib.OUT_DIR / "dynamic_cost.json"))
     args = ap.parse_args()
 
@@ -162,7 +164,7 @@ def main() -> None:
     log = DebugLog()
     n_prefill = args.n_prefill
     depth = DEPTH if n_prefill == N_PREFILL else n_prefill - N_DECODE
-    ctxs = {name: open_ctx(model, name == "dynamic", n_prefill + 256, args.threads) for name in ("static", "dynamic")}
+    ctxs = {name: open_ctx(model, name == "dynamic", n_prefill + 256, args.threads, args.ngl) for name in ("static", "dynamic")}
     tokens = benchlib.real_tokens(ctxs["static"], n_prefill + N_DECODE)
     # warm-up: one ubatch each
     for llm in ctxs.values():
@@ -182,12 +184,12 @@ def main() -> None:
                   f"re-rotations {s['rerotations_ms']}", flush=True)
     for llm in ctxs.values():
         llm.close()
-    report_rerot = [rerotation(model, n, args.threads, args.rounds, log) for n in (16384, 32768)]
+    report_rerot = [rerotation(model, n, args.threads, args.rounds, log, args.ngl) for n in (16384, 32768)]
 
     def med(name, key):
         return median([x[key] for x in samples[name]])
 
-    report = {"model": str(model), "threads": args.threads, "n_prefill": n_prefill, "depth": depth, "n_decode": N_DECODE,
+    report = {"model": str(model), "threads": args.threads, "n_gpu_layers": args.ngl, "n_prefill": n_prefill, "depth": depth, "n_decode": N_DECODE,
               "samples": samples, "rerotation": report_rerot}
     for key in ("prefill_tok_s", "decode_tok_s"):
         report[f"ratio_{key}"] = med("dynamic", key) / med("static", key)

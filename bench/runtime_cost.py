@@ -35,7 +35,7 @@ CONFIGS = ["stock", "none", "mixed", "mixed+logn"]
 N_DECODE = 128
 
 
-def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
+def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0) -> dict:
     """Runs in a child process: load, measure one task, return the sample."""
     from ggufrope import runtime
     from ggufrope.models import default_model_path
@@ -46,13 +46,13 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
         import llama_cpp
 
         llm = llama_cpp.Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_ubatch=512, flash_attn=True,
-                              n_threads=threads, n_threads_batch=threads, verbose=False)
+                              n_threads=threads, n_threads_batch=threads, n_gpu_layers=ngl, verbose=False)
     else:
         assert runtime.is_patched(), "patched config loaded a stock library"
         method, logn = {"none": ("none", False), "mixed": ("ntk-mixed", False), "mixed+logn": ("ntk-mixed", True)}[config]
         kb = {"factor": 2.0, "exponent": 0.625} if method == "ntk-mixed" else {}  # k and b only where they apply
         llm = runtime.load(model, method=method, logn=logn, n_ctx=n_ctx, n_batch=512,
-                           n_ubatch=512, n_threads=threads, n_threads_batch=threads, **kb)
+                           n_ubatch=512, n_threads=threads, n_threads_batch=threads, n_gpu_layers=ngl, **kb)
     tokens = benchlib.real_tokens(llm)
     prompt = tokens[:n]
     assert len(prompt) == n
@@ -81,7 +81,7 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
     return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
 
 
-def run_child(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
+def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0) -> dict:
     env = dict(os.environ)
     if config == "stock":
         if not (STOCK_LIB / "libllama.so").exists():
@@ -89,7 +89,7 @@ def run_child(config: str, task: str, n: int, n_ctx: int, threads: int) -> dict:
         env["LLAMA_CPP_LIB_PATH"] = str(STOCK_LIB)
     else:
         env.pop("LLAMA_CPP_LIB_PATH", None)
-    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads)],
+    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl)],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
@@ -102,13 +102,15 @@ def main() -> None:
     ap.add_argument("--lengths", default="512,4096,16384")
     ap.add_argument("--decode-depth", type=int, default=8192)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("-ngl", "--n-gpu-layers", dest="ngl", type=int, default=0,
+                    help="layers offloaded to the GPU (-1: all; a CUDA build of both libraries)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", default=str(benchlib.OUT_DIR / "runtime_cost.json"))
-    ap.add_argument("--worker", nargs=5, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=6, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        c, task, n, n_ctx, th = a.worker
-        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th))))
+        c, task, n, n_ctx, th, ngl = a.worker
+        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl))))
         return
 
     from tqdm import tqdm
@@ -123,9 +125,9 @@ def main() -> None:
         for r, (t, n), order in jobs:
             for c in order:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
-                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads)["tok_s"])
+                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads, a.ngl)["tok_s"])
                 bar.update()
-    benchlib.write_record(a.out, {"threads": a.threads, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
+    benchlib.write_record(a.out, {"threads": a.threads, "n_gpu_layers": a.ngl, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
 
     base = "stock" if "stock" in configs else configs[0]
     print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")
