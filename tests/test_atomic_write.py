@@ -56,19 +56,25 @@ def test_copy_file_range_falls_back_on_exdev(small_gguf, tmp_path, monkeypatch) 
     assert_rewrite_ok(small_gguf, out)
 
 
-def test_large_data_section_is_copied_exactly(tmp_path) -> None:
-    """A few MB of data in one tensor: the copy loop, not only the header, is exercised."""
-    data = np.random.default_rng(1).integers(0, 256, size=(3 << 20) + 17, dtype=np.uint8)
-
-    p = tmp_path / "big.gguf"
-    w = gguf.GGUFWriter(str(p), "llama")
-    w.add_context_length(4096)
+def one_tensor_gguf(path, data: np.ndarray, context_length: int | None = None):
+    """A llama GGUF written by gguf-py with one int8 tensor "big" holding ``data`` (uint8 bytes)."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    if context_length is not None:
+        w.add_context_length(context_length)
     w.add_rope_dimension_count(64)
     w.add_tensor("big", data.view(np.int8))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_large_data_section_is_copied_exactly(tmp_path) -> None:
+    """A few MB of data in one tensor: the copy loop, not only the header, is exercised."""
+    data = np.random.default_rng(1).integers(0, 256, size=(3 << 20) + 17, dtype=np.uint8)
+
+    p = one_tensor_gguf(tmp_path / "big.gguf", data, context_length=4096)
     out = tmp_path / "out.gguf"
     r = RM.write_rope_metadata(p, out, method="ntk", factor=4)
     assert r.data_bytes >= data.size
@@ -82,14 +88,7 @@ def test_data_section_is_copied_from_block_aligned_offsets(tmp_path, monkeypatch
     if not hasattr(os, "copy_file_range"):
         pytest.skip("no os.copy_file_range")
     data = np.random.default_rng(2).integers(0, 256, size=(1 << 20) + 5, dtype=np.uint8)
-    p = tmp_path / "big.gguf"
-    w = gguf.GGUFWriter(str(p), "llama")
-    w.add_rope_dimension_count(64)
-    w.add_tensor("big", data.view(np.int8))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    p = one_tensor_gguf(tmp_path / "big.gguf", data)
     hs = GR.read_header(p)
     assert hs.data_offset % 4096  # the interesting case: an unaligned data section
     calls = []
