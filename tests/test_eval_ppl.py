@@ -88,6 +88,23 @@ def test_ppl_matches_llama_perplexity_protocol(patched_lib, smollm2, text_slice)
     assert 5 < s["ppl"] < 500  # a real language model on real text
 
 
+def test_progress_counts_every_decoded_token(patched_lib, tiny, capsys):
+    """The perplexity bar counts tokens batch by batch (a long window is minutes on a CPU, so a bar
+    in windows would sit at 0/1 without an ETA): on_batch gets each batch's size, scored or not."""
+    n_ctx, n_batch = 48, 16
+    llm = ED.load_model(tiny.path, ED.Setting("none"), n_ctx, n_batch=n_batch, threads=2)
+    with ED.Decoder(llm) as dec:
+        toks = [4 + i % 6 for i in range(2 * n_ctx + 5)]
+        seen: list[int] = []
+        pos, nll = EP.score_window(dec, toks[:n_ctx], 40, 64, on_batch=seen.append)
+        assert seen == [16, 16, 16]  # batches 0-15 and 16-31 have no scored position
+        assert list(pos) == list(range(40, 47)) and np.isfinite(nll).all()
+        ws = EP.perplexity(dec, toks, n_ctx, 64, score_from=40, progress=True, desc="bar")
+    assert len(ws) == 2
+    err = capsys.readouterr().err
+    assert "96.0/96.0" in err and "tok/s" in err and "window=2/2" in err
+
+
 # --- b. within-L perplexity ---------------------------------------------------------------------
 
 

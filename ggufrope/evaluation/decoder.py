@@ -226,11 +226,13 @@ class Decoder:
         return self.llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
 
     def decode(self, tokens: Sequence[int], pos0: int, outputs: Iterable[int],
-               on_rows: Callable[[list[int], np.ndarray], None]) -> None:
+               on_rows: Callable[[list[int], np.ndarray], None],
+               on_batch: Callable[[int], None] | None = None) -> None:
         """Decode ``tokens`` at positions ``pos0, pos0 + 1, ...`` in batches of ``n_batch``;
         for every batch, call ``on_rows(indices, logits)`` with the sorted indices (into
         ``tokens``) of the requested outputs in it and their logits, float32, shape
-        ``(len(indices), n_vocab)`` (a buffer reused between calls)."""
+        ``(len(indices), n_vocab)`` (a buffer reused between calls), then ``on_batch(n)`` with
+        the batch's number of tokens (for a progress bar)."""
         want = np.zeros(len(tokens), dtype=bool)
         idx = np.fromiter(outputs, dtype=np.int64)
         if idx.size:
@@ -259,6 +261,8 @@ class Decoder:
                 raise GGUFRopeError(f"llama_decode failed (status {rc}) at positions {pos0 + s}..{pos0 + e - 1}")
             self.n_decoded += e - s
             if not rows:
+                if on_batch is not None:
+                    on_batch(e - s)
                 continue
             if buf is None or buf.shape[0] < len(rows):
                 buf = np.empty((len(rows), self.n_vocab), dtype=np.float32)
@@ -268,6 +272,8 @@ class Decoder:
                     raise GGUFRopeError(f"no logits for batch index {j - s}")
                 buf[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
             on_rows(rows, buf[: len(rows)])
+            if on_batch is not None:
+                on_batch(e - s)
 
 
 def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128) -> np.ndarray:

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,10 +53,12 @@ def ppl_windows(tokens: Sequence[int], n_ctx: int, max_windows: int | None = Non
 
 
 def score_window(dec: Decoder, window: Sequence[int], score_from: int, n_ctx_orig: int,
-                 bos: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 bos: bool | None = None,
+                 on_batch: Callable[[int], None] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Evaluate one window from an empty context; return (positions p, nll of token p + 1) for
     ``score_from <= p <= len(window) - 2``. The first token is replaced by BOS when ``bos``
-    (default: when the vocabulary adds BOS), as llama-perplexity does."""
+    (default: when the vocabulary adds BOS), as llama-perplexity does. ``on_batch(n)`` is
+    called after each decoded batch of n tokens (:meth:`Decoder.decode`)."""
     n = len(window)
     if not 0 <= score_from <= n - 2:
         raise GGUFRopeError(f"score-from {score_from} leaves no token to score in a window of {n}")
@@ -72,7 +74,7 @@ def score_window(dec: Decoder, window: Sequence[int], score_from: int, n_ctx_ori
         nll[r - score_from] = token_nll(logits, targets[r + 1])
 
     dec.clear()
-    dec.decode(toks, 0, pos, take)
+    dec.decode(toks, 0, pos, take, on_batch)
     return pos, nll
 
 
@@ -98,11 +100,12 @@ def perplexity(dec: Decoder, tokens: Sequence[int], n_ctx: int, n_ctx_orig: int,
         raise GGUFRopeError(f"{desc}: {len(tokens)} tokens, fewer than one window of n_ctx {n_ctx}")
     out: list[WindowResult] = []
     tot, cnt = 0.0, 0
-    with tqdm(total=len(starts), unit="window", desc=desc, disable=not progress, file=sys.stderr,
-              dynamic_ncols=True, leave=False) as bar:
+    # counted in tokens, not windows: one window of a long context is minutes on a CPU
+    with tqdm(total=len(starts) * n_ctx, unit="tok", unit_scale=True, desc=desc, disable=not progress,
+              file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
         for w, s in enumerate(starts):
             t0 = time.perf_counter()
-            pos, nll = score_window(dec, tokens[s : s + n_ctx], sf, n_ctx_orig)
+            pos, nll = score_window(dec, tokens[s : s + n_ctx], sf, n_ctx_orig, on_batch=bar.update)
             if per_token is not None:
                 per_token.append((pos, nll))
             beyond = pos >= n_ctx_orig
@@ -110,8 +113,7 @@ def perplexity(dec: Decoder, tokens: Sequence[int], n_ctx: int, n_ctx_orig: int,
                              time.perf_counter() - t0)
             out.append(r)
             tot, cnt = tot + r.nll, cnt + r.count
-            bar.set_postfix(ppl=f"{math.exp(tot / cnt):.3f}")
-            bar.update(1)
+            bar.set_postfix(window=f"{w + 1}/{len(starts)}", ppl=f"{math.exp(tot / cnt):.3f}")
     return out
 
 
