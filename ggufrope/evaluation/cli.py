@@ -473,7 +473,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
     from . import tune as T
     from .cache import Cache, atomic_json
     from .ppl import resolve_texts, summarize_windows
-    from .units import UnitRunner
+    from .units import UnitRunner, advance, unit_bar
 
     from ..models import cache_root
     from tqdm import tqdm
@@ -491,7 +491,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
             raise GGUFRopeError(f"--n-ctx {n_ctx} is within the trained context L = {L}: nothing to tune")
         sf = L // 2 if score_from is None else score_from
         n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (3 * samples if retrieval else 0)
-        bar = tqdm(total=n_eval, unit="unit", desc="tune", disable=quiet, dynamic_ncols=True)
+        bar = unit_bar(n_eval, "tune", disable=quiet)
 
         def pooled(st: T.Setting, txts: list) -> dict:
             ws = []
@@ -500,7 +500,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                 r = runner.ppl(st, n_ctx, t, score_from=sf, max_windows=1)
                 if r is None:
                     raise GGUFRopeError(f"--report-only: {st.label(n_ctx, L)} @ {n_ctx} {t.name} is not cached in {cache.root}")
-                bar.update(1)
+                advance(bar, runner.last_computed)
                 ws += r["windows"]
             s = summarize_windows(ws)
             if s["ppl_beyond"] is None:
@@ -523,7 +523,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                 r = runner.ruler(st, n_ctx, "niah_single", samples=samples, seed=0)
                 if r is None:
                     raise GGUFRopeError(f"--report-only: {st.label(n_ctx, L)} @ {n_ctx} niah_single is not cached")
-                bar.update(samples)
+                advance(bar, runner.last_computed, samples)
                 return r["score"]
 
             chosen = T.choose_with_retrieval(search.trials, niah)

@@ -10,7 +10,6 @@ markdown table shaped like seed 000's Table 1 and a PNG plot
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import pathlib
 import platform
@@ -26,7 +25,7 @@ from .decoder import DEFAULT_N_GEN, Setting, n_ctx_orig_of
 from .passkey import DEFAULT_DEPTHS
 from .ppl import Text, check_score_from, summarize_windows
 from .report import plot, report_markdown
-from .units import FLASH_ATTN, GridStats, UnitRunner  # noqa: F401  (FLASH_ATTN, GridStats: re-exported)
+from .units import FLASH_ATTN, GridStats, UnitRunner, advance, unit_bar  # noqa: F401  (FLASH_ATTN, GridStats: re-exported)
 
 #: grid order of ``--methods all``
 ALL_METHODS = ("none", "linear", "yarn", "ntk", "ntk-fixed", "ntk-mixed")
@@ -117,8 +116,6 @@ def run_compare(
     tasks (:mod:`ggufrope.evaluation.ruler`), ``samples`` each. ``truncation``: for every
     context beyond L with retrieval (passkey or RULER-lite), the truncation baseline row
     ``truncate``: the same prompts cut to their last L tokens, method none at L."""
-    from tqdm import tqdm
-
     for c in n_ctxs:
         check_score_from(c, score_from)
     out = pathlib.Path(out_dir)
@@ -161,14 +158,13 @@ def run_compare(
     results: dict[tuple, dict[str, Any]] = {}
     runner = UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
                         verbose=verbose, progress=progress, report_only=report_only, log=say)
-    with runner, tqdm(total=len(jobs), unit="unit", desc="compare", disable=not progress, file=sys.stderr,
-                      dynamic_ncols=True) as bar:
+    with runner, unit_bar(len(jobs), "compare", disable=not progress, file=sys.stderr) as bar:
         for rk, job in jobs:
             bar.set_description(f"compare: {rk[0]}{' + log-n' if rk[1] else ''} @ {rk[3]} {rk[5] or rk[4]}")
             r = job()
             if r is not None:
                 results[rk] = r
-            bar.update(1)
+            advance(bar, runner.last_computed)
     stats, builds = runner.stats, runner.builds
 
     cells = []

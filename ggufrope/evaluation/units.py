@@ -36,6 +36,23 @@ class GridStats:
     stale: int = 0  #: of the computed units, those cached by another build (recomputed, overwritten)
 
 
+def unit_bar(total: int, desc: str, *, disable: bool = False, **kw: Any) -> Any:
+    """A tqdm bar over units, advanced with :func:`advance`: its rate and ETA are the average over
+    the units computed in this run (``smoothing=0``), since a resumed run reads many units from
+    the cache in milliseconds before it computes one that takes minutes."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="unit", desc=desc, disable=disable, smoothing=0, dynamic_ncols=True, **kw)
+
+
+def advance(bar: Any, computed: bool, n: int = 1) -> None:
+    """Count ``n`` units done on ``bar``; units read from the cache count as done before the bar
+    started (tqdm's ``initial``), so they move the bar but not its rate."""
+    if not computed and not bar.disable:  # a disabled bar has no ``initial``
+        bar.initial += n
+    bar.update(n)
+
+
 class UnitRunner:
     """Evaluates units of ``model`` through ``cache`` (:class:`ggufrope.evaluation.cache.Cache`).
 
@@ -59,6 +76,7 @@ class UnitRunner:
         self.stats = GridStats()
         self.builds: dict[str, int] = {}
         self.wall_s = 0.0  #: sum of the ``wall_s`` of the units used
+        self.last_computed = False  #: whether the last unit asked for was computed (not cached or missing)
         self._tokens: dict[str, list[int]] = {}
         self._loaded: tuple | None = None
         self.dec: Decoder | None = None
@@ -101,6 +119,7 @@ class UnitRunner:
         """The result of the unit ``key`` (``st`` at ``n_ctx``): cached, or ``compute(decoder)``
         on the model loaded with ``st`` at ``n_ctx`` (stored with the build and ``wall_s``)."""
         unit = self.cache.read(key)
+        self.last_computed = False
         if unit is None and self.report_only:
             self.stats.missing += 1
             self.say(f"missing  {label}")
@@ -122,6 +141,7 @@ class UnitRunner:
             r["wall_s"] = time.perf_counter() - t0
             self.cache.put(key, r, build)
             self.stats.computed += 1
+            self.last_computed = True
             self.say(f"computed {label}")
         else:
             r, build = unit["result"], unit.get("build")
