@@ -55,6 +55,20 @@ def test_finds_an_interior_b_and_temperature_and_never_repeats_a_setting():
     assert len(calls) <= 17  # affordable: 2 references + at most 15 candidates
 
 
+def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
+    f, calls = objective(b_best=0.3)
+    s = T.Search(f, 2.0)
+    best = s.run()
+    refine = sorted(t.setting.exponent for t in s.trials if t.stage == "b refine")
+    assert refine == [0.375, 0.5625]  # one step below 0.5 (0.5 - 0.125), and the midpoint to 0.625
+    assert best.setting.exponent == 0.375
+    assert len(calls) <= 17
+    f, _ = objective(b_best=0.875)  # interior: midpoints only
+    s = T.Search(f, 2.0)
+    s.run()
+    assert sorted(t.setting.exponent for t in s.trials if t.stage == "b refine") == [0.6875, 0.875]
+
+
 def test_k_stage_moves_k_when_it_helps():
     f, _ = objective(k_best=3.0)
     best = T.Search(f, 2.0).run()
@@ -108,6 +122,24 @@ def test_report_ranks_and_states_the_held_out_result():
                      held_out={"chosen": {"ppl_beyond": 7.2}, "seed default": {"ppl_beyond": 7.0},
                                "yarn": {"ppl_beyond": 7.1}}, held_texts=["other"])
     assert "does NOT beat" in md2
+
+
+def test_report_says_when_a_stock_reference_beats_the_choice():
+    f, _ = objective()
+    s = T.Search(lambda st: 4.0 if st.method == "linear" else f(st), 2.0, quick=True)
+    best = s.run()
+    assert best.setting.method != "linear"  # references are never chosen
+    rival = T.stock_rival(s.trials, best)
+    assert rival is not None and rival.setting.method == "linear"
+    md = T.markdown(s.trials, best, n_ctx=16384, L=8192, texts=["doc"])
+    # 4.0 / best - 1, by hand from the objective: best = b 0.75 + log-n + attn 1.035 = 5 + 10 * 0.125^2 = 5.15625
+    assert best.score == pytest.approx(5.15625)
+    assert "Stock llama.cpp's linear scores better than the choice on the calibration text (4.0000 against 5.1562, -22.4 %)" in md
+    assert "--rope-scaling linear" in md
+    s2 = T.Search(f, 2.0, quick=True)  # yarn 9.0, linear 20.0: both worse than every candidate
+    b2 = s2.run()
+    assert T.stock_rival(s2.trials, b2) is None
+    assert "Stock llama.cpp" not in T.markdown(s2.trials, b2, n_ctx=16384, L=8192, texts=["doc"])
 
 
 @pytest.mark.parametrize("a,b,want", [(105.178, 108.828, "-3.4 %"), (113.292, 120.329, "-5.8 %"), (2.0, 1.0, "+100.0 %"),

@@ -527,9 +527,12 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                 return r["score"]
 
             chosen = T.choose_with_retrieval(search.trials, niah)
-        bar.total = bar.n + 3 * len(hold)
-        held_out = {name: pooled(st, hold) for name, st in
-                    (("chosen", chosen.setting), ("seed default", T.seed_default()), ("yarn", T.candidate("yarn")))}
+        checks = [("chosen", chosen.setting), ("seed default", T.seed_default()), ("yarn", T.candidate("yarn"))]
+        rival = T.stock_rival(search.trials, chosen)
+        if rival is not None and rival.setting.method != "yarn":
+            checks.append((f"{rival.setting.method} (stock)", rival.setting))
+        bar.total = bar.n + len(checks) * len(hold)
+        held_out = {name: pooled(st, hold) for name, st in checks}
         bar.close()
     md = T.markdown(search.trials, chosen, n_ctx=n_ctx, L=L, texts=[t.name for t in cal], held_out=held_out,
                     held_texts=[t.name for t in hold], label=lambda st: st.label(n_ctx, L))

@@ -15,7 +15,8 @@ with k = n_ctx / L unless the k stage changes it):
 
 1. ``b``: NTK-RoPE-mixed with log-n at b in {0.5, 0.625, 0.75, 1} (b = 1 is NTK-RoPE-fixed,
    seed 000 eq. for lambda_i with exponent 1; b = 0.625 + log-n is the seed default);
-2. ``b refine``: the midpoints between the best b and its neighbours;
+2. ``b refine``: the midpoints between the best b and its neighbours, and one step below the
+   grid (b = 0.375) when the best is its lowest b (the optimum may lie beyond the grid);
 3. ``log-n``: the best with log-n switched;
 4. ``attention``: a constant attention factor s in {1.035, 1.07} (llama.cpp's
    ``rope.scaling.attn_factor``, which scales cos/sin of Q and K, so the logits by s^2), on
@@ -27,7 +28,8 @@ with k = n_ctx / L unless the k stage changes it):
 
 ``quick`` runs stages 1, 3 and the first candidate of 4 only. References, not candidates:
 stock llama.cpp's ``yarn`` and ``linear`` at k = n_ctx / L (what a user gets without
-ggufrope); the report ranks them with the rest.
+ggufrope); the report ranks them with the rest, and says so when one of them scores better than
+the choice (then it is scored on the held-out text too: :func:`stock_rival`).
 
 **Held-out check.** The chosen setting, the seed default and YaRN are scored on text the
 search did not see (another document, or with ``--text`` a bundled one), and the report says
@@ -136,6 +138,8 @@ class Search:
                     if 0 <= j < len(grid):
                         mid = round((grid[i] + grid[j]) / 2 * 64) / 64
                         self.eval(candidate("ntk-mixed", b=mid, logn=True), "b refine")
+                if i == 0:  # the best is the lowest b tried: one step further down
+                    self.eval(candidate("ntk-mixed", b=grid[0] - (grid[1] - grid[0]), logn=True), "b refine")
         # 3. log-n switched on the best
         top = self.best().setting
         self.eval(_with(top, logn=not top.logn), "log-n")
@@ -169,6 +173,15 @@ class Search:
 
     def ranked(self) -> list[Trial]:
         return sorted(self.trials, key=lambda t: t.score)
+
+
+def stock_rival(trials: Sequence[Trial], chosen: Trial) -> Trial | None:
+    """The best stock reference (yarn, linear) when it scores better than ``chosen`` on the
+    calibration text, else None: then stock llama.cpp already does better than any setting the
+    search offers, and the report and the held-out check say so."""
+    refs = [t for t in trials if t.role == "reference"]
+    best = min(refs, key=lambda t: t.score, default=None)
+    return best if best is not None and best.score < chosen.score else None
 
 
 def choose_with_retrieval(trials: Sequence[Trial], retrieval: Callable[[Setting], float], top: int = 3) -> Trial:
@@ -225,6 +238,14 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
                "the tokens predicted from positions >= L (the objective), one window per text"
                + ("; within L: the tokens predicted from the scored positions < L (not used by the search)."
                   if has_w else "."))
+    rival = stock_rival(trials, chosen)
+    if rival is not None:
+        name = (label or Setting.label)(rival.setting)
+        out.append("")
+        out.append(f"Stock llama.cpp's {name} scores better than the choice on the calibration text "
+                   f"({rival.score:.4f} against {chosen.score:.4f}, {pct(rival.score, chosen.score)}): "
+                   f"on this model at this n_ctx, llama.cpp's own --rope-scaling {rival.setting.method} "
+                   "does better than the NTK-family settings searched.")
     if held_out:
         out.append("")
         out.append(f"Held-out check ({', '.join(held_texts)}, not used by the search):")
