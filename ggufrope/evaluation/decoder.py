@@ -260,18 +260,15 @@ class Decoder:
             if rc != 0:
                 raise GGUFRopeError(f"llama_decode failed (status {rc}) at positions {pos0 + s}..{pos0 + e - 1}")
             self.n_decoded += e - s
-            if not rows:
-                if on_batch is not None:
-                    on_batch(e - s)
-                continue
-            if buf is None or buf.shape[0] < len(rows):
-                buf = np.empty((len(rows), self.n_vocab), dtype=np.float32)
-            for r, j in enumerate(rows):
-                ptr = self.lc.llama_get_logits_ith(self.ctx, j - s)
-                if not ptr:
-                    raise GGUFRopeError(f"no logits for batch index {j - s}")
-                buf[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-            on_rows(rows, buf[: len(rows)])
+            if rows:
+                if buf is None or buf.shape[0] < len(rows):
+                    buf = np.empty((len(rows), self.n_vocab), dtype=np.float32)
+                for r, j in enumerate(rows):
+                    ptr = self.lc.llama_get_logits_ith(self.ctx, j - s)
+                    if not ptr:
+                        raise GGUFRopeError(f"no logits for batch index {j - s}")
+                    buf[r] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+                on_rows(rows, buf[: len(rows)])
             if on_batch is not None:
                 on_batch(e - s)
 
