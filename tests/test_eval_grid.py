@@ -79,6 +79,32 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
     assert "| YaRN | – / – |" in (out / "results.md").read_text()
 
 
+def test_report_only_keeps_the_cached_documents_of_a_partly_run_cell(patched_lib, smollm2, text_slice, tmp_path):
+    """A cell with some documents not run yet: no pooled value (it would not be comparable with the
+    other rows), but the per-document table shows the documents that are cached."""
+    texts = [EP.Text("doc0", text_slice[:2500]), EP.Text("doc1", text_slice[2500:5000])]
+    kw = dict(n_ctxs=[256], methods=["none"], logn_modes=[False], texts=texts, trials=0,
+              out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", progress=False, threads=THREADS)
+    full, st = EG.run_compare(smollm2, **kw)
+    assert st.computed == 2
+    doc = full["cells"][0]["ppl_by_text"]
+    assert set(doc) == {"doc0", "doc1"} and doc["doc0"]["ppl"] != doc["doc1"]["ppl"]
+    assert full["cells"][0]["ppl"] is not None
+
+    unit1 = [p for p in (tmp_path / "cache").glob("ppl-*.json") if "doc1" in p.read_text()]
+    assert len(unit1) == 1
+    unit1[0].unlink()
+    part, st2 = EG.run_compare(smollm2, **kw, report_only=True)
+    assert (st2.computed, st2.cached, st2.missing) == (0, 1, 1)
+    cell = part["cells"][0]
+    assert cell["ppl"] is None and cell["ppl_beyond"] is None
+    assert cell["ppl_by_text"] == {"doc0": doc["doc0"]}
+    rows = [ln for ln in ER.ppl_by_text_table(part).splitlines() if ln.startswith("| Baseline |")]
+    # n_ctx 256 < L = 8192: doc0's scored tokens are all within L; doc1 is not run
+    assert rows == [f"| Baseline | – / {doc['doc0']['ppl_within']:.3f} | – |"]
+    assert doc["doc0"]["ppl_within"] > 1
+
+
 # --- b. compare's retrieval table with the truncation rows ------------------------------------------
 # (the tiny test vocabularies cannot tokenize English, so this uses the real model; a copy whose
 # llama.context_length says L = 512 makes a context "beyond L" cheap)

@@ -170,10 +170,10 @@ def run_compare(
     cells = []
     for c, m, ln, dyn in configs:
         st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
-        docs = {t.name: results.get((m, ln, dyn, c, "ppl", t.name)) for t in texts}
-        if None in docs.values():  # report_only and some text not run: no partial pooled value
-            docs = {}
-        pooled = summarize_windows(w for d in docs.values() for w in d["windows"]) if docs else None
+        got = {t.name: results.get((m, ln, dyn, c, "ppl", t.name)) for t in texts}
+        docs = {n: d for n, d in got.items() if d is not None}
+        # report_only and some text not run: its per-text cells stay, but no partial pooled value
+        pooled = summarize_windows(w for d in docs.values() for w in d["windows"]) if docs and len(docs) == len(got) else None
         pk = results.get((m, ln, dyn, c, "passkey", None))
         cells.append({
             "n_ctx": c, "method": m, "logn": ln, **({"dynamic": True} if dyn else {}),
