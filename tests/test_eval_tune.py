@@ -177,13 +177,15 @@ def test_write_refuses_stock_methods(patched_lib, tiny, tmp_path):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768"])
-def test_published_tune_is_the_cached_units(patched_lib, smollm2, tmp_path, name):
+@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536"])
+def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name):
     """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
     writes from the units committed in docs/results/cache: the search and the held-out check redone,
-    nothing typed by hand."""
+    nothing typed by hand. The directory is named MODEL-N_CTX (MODEL: the fixture of that model)."""
     import shutil
     from pathlib import Path
+
+    model = str(request.getfixturevalue(name.split("-", 1)[0]))
 
     root = Path(__file__).resolve().parents[1]
     shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
@@ -192,7 +194,7 @@ def test_published_tune_is_the_cached_units(patched_lib, smollm2, tmp_path, name
     n_ctx = int(name.rsplit("-", 1)[1])
     meta = json.loads((pub / "tune.json").read_text())
     assert meta["n_ctx"] == n_ctx and meta["texts"] == ["loc_workshop"] and meta["held_out_texts"] == ["docutils_manual"]
-    args = ["tune", smollm2, "-c", str(n_ctx), "--cache", str(tmp_path / "cache"), "-q",
+    args = ["tune", model, "-c", str(n_ctx), "--cache", str(tmp_path / "cache"), "-q",
             "--report-only", "-o", str(tmp_path / "out")]
     r = CliRunner().invoke(main, args + (["--quick"] if meta.get("quick") else []))
     assert r.exit_code == 0, r.output
