@@ -142,6 +142,19 @@ def test_tune_quick_ranks_holds_out_resumes_and_writes(patched_lib, tiny, tmp_pa
     assert _logits(str(w), ED.Setting("none"), plain=True) == pytest.approx(_logits(str(tiny.path), st), abs=0)
 
 
+def test_tune_refuses_a_text_shorter_than_n_ctx_before_searching(patched_lib, tiny, tmp_path):
+    """A held-out text that cannot fill one window is refused up front, not after the search."""
+    short = tmp_path / "short.txt"
+    short.write_text("t4t5t6" * 10, encoding="utf-8")  # 30 tokens of the tiny vocabulary (it adds no BOS)
+    cache = tmp_path / "c"
+    r = CliRunner().invoke(main, ["tune", str(tiny.path), "-c", "128", "--text", _text(tmp_path / "c.txt", 1),
+                                  "--held-out", str(short), "--quick", "--cache", str(cache), "-q"])
+    assert r.exit_code != 0 and "Traceback" not in r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "--held-out short.txt: 30 tokens, fewer than one window of n_ctx 128" in lines[0]
+    assert not list(cache.rglob("ppl-*.json"))  # no unit computed (the model's sha256 may be cached)
+
+
 def test_tune_refuses_a_context_within_L_in_one_line(patched_lib, tiny, tmp_path):
     r = CliRunner().invoke(main, ["tune", str(tiny.path), "-c", "64", "--text", _text(tmp_path / "c.txt", 1),
                                   "--held-out", _text(tmp_path / "h.txt", 2), "--cache", str(tmp_path / "c"), "-q"])

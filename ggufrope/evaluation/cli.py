@@ -489,6 +489,14 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         L = runner.L
         if n_ctx <= L:
             raise GGUFRopeError(f"--n-ctx {n_ctx} is within the trained context L = {L}: nothing to tune")
+        # every text must fill a window: checked before hours of search, not at the held-out check
+        from ..generate import count_tokens
+
+        for flag, txts in (("--text", cal), ("--held-out", hold)):
+            for t in txts:
+                if (n := count_tokens(model, t.text, verbose=verbose)) < n_ctx:
+                    raise GGUFRopeError(f"{flag} {t.name}: {n} tokens, fewer than one window of n_ctx {n_ctx}; "
+                                        "give a longer text")
         sf = L // 2 if score_from is None else score_from
         n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (3 * samples if retrieval else 0)
         bar = unit_bar(n_eval, "tune", disable=quiet)
