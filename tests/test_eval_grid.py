@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -132,36 +133,7 @@ def test_compare_writes_the_retrieval_table_with_the_truncation_row(patched_lib,
 # --- c. the published results are what the cache holds ------------------------------------------
 
 
-def test_published_results_are_the_cached_units(smollm2, tmp_path):
-    """docs/results/results.json and the table in docs/results.md are regenerated, with
-    --report-only, from the raw per-unit results committed in docs/results/cache: nothing in the
-    published table is typed by hand or left over from another model, text or grid."""
-    import shutil
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    pub = json.loads((root / "docs" / "results" / "results.json").read_text(encoding="utf-8"))
-    g = pub["grid"]
-    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
-    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
-    assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
-    res, stats = EG.run_compare(
-        smollm2, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], factor=g["factor"],
-        exponent=g["exponent"], texts=texts, max_windows=g["max_windows"], score_from=g["score_from"],
-        trials=g["trials"], seed=g["seed"], depths=g["depths"], n_gen=g["n_gen"], out_dir=tmp_path / "out",
-        cache_dir=tmp_path / "cache", report_only=True, progress=False,
-    )
-    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
-    assert res["cells"] == pub["cells"]
-    md = (root / "docs" / "results.md").read_text(encoding="utf-8")
-    rows = [line for line in ER.markdown_table(res).splitlines() if line.startswith("| ")]
-    assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
-    for line in rows:
-        assert line in md, line
-
-
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _report_only_rerun(model, pub: dict, tmp_path):
@@ -181,6 +153,22 @@ def _report_only_rerun(model, pub: dict, tmp_path):
         depths=g["depths"], n_gen=g["n_gen"], ruler_tasks=g.get("ruler_tasks", ()), samples=g.get("samples", 10),
         out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,
     )
+
+
+def test_published_results_are_the_cached_units(smollm2, tmp_path):
+    """docs/results/results.json and the table in docs/results.md are regenerated, with
+    --report-only, from the raw per-unit results committed in docs/results/cache: nothing in the
+    published table is typed by hand or left over from another model, text or grid."""
+    pub = json.loads((ROOT / "docs" / "results" / "results.json").read_text(encoding="utf-8"))
+    g = pub["grid"]
+    res, stats = _report_only_rerun(smollm2, pub, tmp_path)
+    assert stats.computed == 0 and stats.cached == pub["units"]["cached"] > 0
+    assert res["cells"] == pub["cells"]
+    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    rows = [line for line in ER.markdown_table(res).splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(g["methods"]) * len(g["logn"])
+    for line in rows:
+        assert line in md, line
 
 
 def _published_dynamic_reports():
