@@ -566,12 +566,12 @@ L_TINY = 64
 
 @pytest.fixture(scope="module")
 def dyn_lib(patched_lib):
-    """The patched library with dynamic k; skips (only) when the loaded one lacks
-    llama_ggufrope_dynamic (a patch older than dynamic k)."""
+    """The patched library with dynamic k; fails when the loaded one lacks
+    llama_ggufrope_dynamic (a stale build of a patch older than dynamic k)."""
     import llama_cpp
 
     if not hasattr(llama_cpp.llama_cpp._lib, "llama_ggufrope_dynamic"):
-        pytest.skip("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+        pytest.fail("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
     return patched_lib
 
 

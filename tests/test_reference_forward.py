@@ -112,10 +112,7 @@ def run_llama_cpp(
 
 def require_patched():
     _llama_cpp()
-    try:
-        from ggufrope.runtime import is_patched
-    except ImportError as e:
-        pytest.skip(f"ggufrope.runtime.is_patched is not available yet ({e})")
+    from ggufrope.runtime import is_patched
     if not is_patched():
         if os.environ.get("GGUFROPE_ALLOW_STOCK") == "1":  # running the file against a stock build on purpose
             pytest.skip("llama_cpp is a stock build, not the ggufrope-patched library")
@@ -407,7 +404,7 @@ def test_patched_no_factor_no_dynamic_key_is_dynamic(models, arch):
     from ggufrope import runtime
 
     if not runtime.has_dynamic():
-        pytest.skip("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+        pytest.fail("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
     m = models[arch]
     toks = tokens_for(m, L + 1)
     llm = llama_cpp.Llama(model_path=str(m.path), n_ctx=N_CTX, n_batch=L, n_ubatch=L, logits_all=True, type_k=0,

@@ -316,15 +316,15 @@ def test_set_without_a_patched_library_refuses(small_gguf, tmp_path, monkeypatch
 
 
 def test_set_refuses_with_a_stock_library(small_gguf, tmp_path) -> None:
-    """For real, in a child process whose libllama is the unpatched build (bench/build-stock.sh),
-    when this machine has one."""
+    """For real, in a child process whose libllama is the unpatched build in build/stock-lib
+    (make stock; make test builds it first)."""
     import subprocess
     import sys
 
     build = Path(__file__).resolve().parents[1] / "build"
     stock = next((d for d in (build / "stock-lib", build / "cmake-stock" / "bin") if (d / "libllama.so").exists()), None)
     if stock is None:
-        pytest.skip("no unpatched build in build/stock-lib (bench/build-stock.sh)")
+        pytest.fail("no unpatched build in build/stock-lib: make stock (make test builds it)")
     env = dict(os.environ, LLAMA_CPP_LIB_PATH=str(stock), PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     p = subprocess.run([sys.executable, "-m", "ggufrope", "set", str(small_gguf), "-m", "ntk", "-o", str(tmp_path / "o.gguf")],
                        capture_output=True, text=True, env=env, timeout=60)
