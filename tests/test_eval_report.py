@@ -56,3 +56,11 @@ def test_report_markdown_adds_the_tables_only_when_the_grid_has_them():
     old["grid"].update(texts=[{"name": "verse"}], score_from=None, ruler_tasks=[])
     old["cells"] = [c for c in old["cells"] if c["method"] != "truncate"]
     assert ER.report_markdown(old) == ER.markdown_table(old)  # the published single-text reports unchanged
+
+
+def test_markdown_table_note_names_the_passkey_trials_or_says_there_were_none():
+    res = _res()
+    assert "/ passkey retrieval accuracy over 10 trials (higher is better" in ER.markdown_table(res)
+    res["grid"]["trials"] = 0
+    md = ER.markdown_table(res)
+    assert "over 0 trials" not in md and "/ – (no passkey trials in this grid: --trials 0)." in md

@@ -56,7 +56,8 @@ def markdown_table(res: dict[str, Any]) -> str:
     notes = [
         "",
         f"Cells: perplexity of the tokens predicted from positions ≥ L = {L} (lower is better) / "
-        f"passkey retrieval accuracy over {g['trials']} trials (higher is better; – = not run).",
+        + (f"passkey retrieval accuracy over {g['trials']} trials (higher is better; – = not run)."
+           if g["trials"] else "– (no passkey trials in this grid: --trials 0)."),
     ]
     if any_paren:
         notes.append("A perplexity in parentheses is over all scored tokens: at that context no scored token is beyond L.")
