@@ -204,7 +204,9 @@ def _published_v2_reports():
 def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
     """docs/results/v2/MODEL-Nx (issue 15's grid on three documents; MODEL names the model's
     fixture) is what --report-only writes from the committed units, the cells not run included;
-    docs/results.md quotes its per-document table between <!-- grid-NAME:start/end --> markers."""
+    docs/results.md quotes its per-document table between <!-- grid-NAME:start/end --> markers,
+    and its retrieval table (where the grid has RULER-lite tasks) between
+    <!-- grid-NAME-retrieval:start/end -->."""
     name = report.parent.name
     pub = json.loads(report.read_text(encoding="utf-8"))
     res, stats = _report_only_rerun(str(request.getfixturevalue(name.split("-", 1)[0])), pub, tmp_path)
@@ -213,11 +215,16 @@ def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
     assert res["cells"] == pub["cells"]
     table = (report.parent / "results.md").read_text(encoding="utf-8")
     by_text = [ln for ln in ER.ppl_by_text_table(res).splitlines() if ln.startswith("| ")]
-    for line in [ln for ln in ER.markdown_table(res).splitlines() if ln.startswith("| ")] + by_text:
+    retrieval = ([ln for ln in ER.retrieval_table(res).splitlines() if ln.startswith("| ")]
+                 if pub["grid"].get("ruler_tasks") else [])
+    for line in [ln for ln in ER.markdown_table(res).splitlines() if ln.startswith("| ")] + by_text + retrieval:
         assert line in table, line
     if name in V2_NOT_QUOTED:
         return
     md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    block = md.split(f"<!-- grid-{name}:start -->", 1)[1].split(f"<!-- grid-{name}:end -->", 1)[0]
-    for line in by_text:
-        assert line in block, line
+    for tag, lines in ((name, by_text), (f"{name}-retrieval", retrieval)):
+        if not lines:
+            continue
+        block = md.split(f"<!-- grid-{tag}:start -->", 1)[1].split(f"<!-- grid-{tag}:end -->", 1)[0]
+        for line in lines:
+            assert line in block, line

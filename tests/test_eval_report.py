@@ -64,3 +64,14 @@ def test_markdown_table_note_names_the_passkey_trials_or_says_there_were_none():
     res["grid"]["trials"] = 0
     md = ER.markdown_table(res)
     assert "over 0 trials" not in md and "/ – (no passkey trials in this grid: --trials 0)." in md
+
+
+def test_retrieval_table_note_names_only_the_tasks_run():
+    res = _res()
+    assert ("passkey accuracy over 10 trials; RULER-lite string_match_all over 10 samples a cell."
+            in ER.retrieval_table(res))
+    res["grid"]["trials"] = 0
+    md = ER.retrieval_table(res)
+    assert md.splitlines()[0] == "| method | niah_single @ 16384 |"
+    assert "(higher is better; – = not run): RULER-lite string_match_all over 10 samples a cell." in md
+    assert "passkey" not in md

@@ -186,8 +186,9 @@ def retrieval_table(res: dict[str, Any]) -> str:
                         controls.append(r["control"])
         lines.append(f"| {_name(res, m, ln, dyn)} | " + " | ".join(cells) + " |")
     n = g.get("samples") if g.get("ruler_tasks") else None
-    notes = ["", "Cells: retrieval score in percent (higher is better; – = not run): passkey accuracy over "
-             f"{g.get('trials')} trials" + (f"; RULER-lite string_match_all over {n} samples a cell" if n else "") + "."]
+    what = ([f"passkey accuracy over {g['trials']} trials"] if g.get("trials") else []) + (
+        [f"RULER-lite string_match_all over {n} samples a cell"] if n else [])
+    notes = ["", "Cells: retrieval score in percent (higher is better; – = not run): " + "; ".join(what) + "."]
     if controls:
         notes.append(f"Shuffled control (each answer graded against another sample's gold): at most "
                      f"{max(controls):.0f} % in any cell.")
