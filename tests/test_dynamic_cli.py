@@ -568,10 +568,9 @@ L_TINY = 64
 def dyn_lib(patched_lib):
     """The patched library with dynamic k; fails when the loaded one lacks
     llama_ggufrope_dynamic (a stale build of a patch older than dynamic k)."""
-    import llama_cpp
+    from ggufrope import runtime
 
-    if not hasattr(llama_cpp.llama_cpp._lib, "llama_ggufrope_dynamic"):
-        pytest.fail("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+    runtime.require_dynamic("dyn_lib")
     return patched_lib
 
 

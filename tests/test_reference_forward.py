@@ -403,8 +403,7 @@ def test_patched_no_factor_no_dynamic_key_is_dynamic(models, arch):
     llama_cpp = _llama_cpp()
     from ggufrope import runtime
 
-    if not runtime.has_dynamic():
-        pytest.fail("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+    runtime.require_dynamic("this test")  # GGUFRopeError on a stale build without dynamic k
     m = models[arch]
     toks = tokens_for(m, L + 1)
     llm = llama_cpp.Llama(model_path=str(m.path), n_ctx=N_CTX, n_batch=L, n_ubatch=L, logits_all=True, type_k=0,

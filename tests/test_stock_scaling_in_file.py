@@ -117,8 +117,7 @@ def test_ntk_method_replaces_stock_scaling_dynamic_by_default(tmp_path, arch):
 
     from ggufrope import runtime
 
-    if not runtime.has_dynamic():
-        pytest.fail("the loaded llama.cpp lacks llama_ggufrope_dynamic (patch older than dynamic k): make build")
+    runtime.require_dynamic("this test")  # GGUFRopeError on a stale build without dynamic k
     m = write(tmp_path, arch, "yarn")
     toks = tokens_for(m, L + 1)
     llm = llama_cpp.Llama(model_path=str(m.path), n_ctx=N_CTX, n_batch=L, n_ubatch=L, type_k=0, type_v=0,
