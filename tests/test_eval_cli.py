@@ -125,6 +125,7 @@ def test_tune_quick_ranks_holds_out_resumes_and_writes(patched_lib, tiny, tmp_pa
     assert [t["ppl_beyond"] for t in trials] == sorted(t["ppl_beyond"] for t in trials)  # ranked
     assert set(res["held_out"]) == {"chosen", "seed default", "yarn"}
     md = (out / "tune.md").read_text()
+    assert res["retrieval_samples"] is None and "niah_single" not in md
     assert "(chosen)" in md and "Held-out check (held.txt" in md and "beat" in md
     # resumable: a second run computes nothing
     r2 = CliRunner().invoke(main, args)

@@ -96,14 +96,28 @@ def test_references_are_never_chosen():
     assert s.run().setting.method != "yarn"
 
 
-def test_retrieval_breaks_ties_among_the_top_three():
+def test_retrieval_chooses_among_the_top_three_and_the_seed_default():
     f, _ = objective()
     s = T.Search(f, 2.0, quick=True)
     s.run()
-    top3 = sorted((t for t in s.trials if t.role == "candidate"), key=lambda t: t.score)[:3]
+    ranked = sorted((t for t in s.trials if t.role == "candidate"), key=lambda t: t.score)
+    top3, sd = ranked[:3], next(t for t in ranked if t.setting == T.seed_default())
+    assert sd not in top3  # 5th of 6 here: by hand 5 + 10 * (0.625 - 0.875)^2 + 300 * 0.035^2 = 5.9925
     ch = T.choose_with_retrieval(s.trials, lambda st: 100.0 if st == top3[2].setting else 50.0)
     assert ch is top3[2] and ch.extra["niah_single"] == 100.0
     assert "niah_single" not in next(t for t in s.trials if t.role == "reference").extra
+    assert sd.extra["niah_single"] == 50.0  # measured too, though 4th or lower by perplexity
+    assert sum("niah_single" in t.extra for t in s.trials) == 4  # and nothing else
+    md = T.markdown(s.trials, ch, n_ctx=16384, L=8192, texts=["doc"], samples=10)
+    rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "(chosen)" in ln]
+    assert len(rows) == 1 and rows[0].startswith("| 3 | ") and rows[0].endswith(" | 100 % |")
+    assert "niah_single: RULER-lite at n_ctx 16384 over 10 samples (seed 0), percent of gold values found, run on " \
+           "the three best candidates by perplexity and the seed default" in md
+    assert f"the best by perplexity alone is {top3[0].setting.label()} ({top3[0].score:.4f}, niah_single 50 %)" in md
+    assert T.choose_with_retrieval(s.trials, lambda st: 70.0 if st == T.seed_default() else 30.0) is sd
+    ch0 = T.choose_with_retrieval(s.trials, lambda st: 50.0)  # a tie: the lower perplexity wins, nothing changed
+    assert ch0 is top3[0]
+    assert "Retrieval changed the choice" not in T.markdown(s.trials, ch0, n_ctx=16384, L=8192, texts=["doc"])
 
 
 def test_report_ranks_and_states_the_held_out_result():
@@ -177,11 +191,12 @@ def test_write_refuses_stock_methods(patched_lib, tiny, tmp_path):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536"])
+@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536", "smollm2-16384-retrieval"])
 def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name):
     """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
-    writes from the units committed in docs/results/cache: the search and the held-out check redone,
-    nothing typed by hand. The directory is named MODEL-N_CTX (MODEL: the fixture of that model)."""
+    writes from the units committed in docs/results/cache: the search, the niah_single re-ranking
+    (--retrieval) and the held-out check redone, nothing typed by hand. The directory is named
+    MODEL-N_CTX[-retrieval] (MODEL: the fixture of that model)."""
     import shutil
     from pathlib import Path
 
@@ -191,12 +206,15 @@ def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name
     shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
                     ignore=shutil.ignore_patterns("model-sha256.json"))
     pub = root / "docs" / "results" / "tune" / name
-    n_ctx = int(name.rsplit("-", 1)[1])
+    n_ctx = int(name.split("-")[1])
     meta = json.loads((pub / "tune.json").read_text())
     assert meta["n_ctx"] == n_ctx and meta["texts"] == ["loc_workshop"] and meta["held_out_texts"] == ["docutils_manual"]
+    assert (meta.get("retrieval_samples") is not None) == name.endswith("-retrieval")
     args = ["tune", model, "-c", str(n_ctx), "--cache", str(tmp_path / "cache"), "-q",
             "--report-only", "-o", str(tmp_path / "out")]
-    r = CliRunner().invoke(main, args + (["--quick"] if meta.get("quick") else []))
+    args += ["--quick"] if meta.get("quick") else []
+    args += ["--retrieval", "--samples", str(meta["retrieval_samples"])] if meta.get("retrieval_samples") else []
+    r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "tune.md").read_text() == (pub / "tune.md").read_text()
     results_md = (root / "docs" / "results.md").read_text()

@@ -440,7 +440,8 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
               help="Text for the held-out check, not used by the search.  [default: docutils_manual, or "
                    "paradise_lost when that is calibration text]")
 @click.option("--retrieval", is_flag=True,
-              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity; the best score wins.")
+              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity and the seed default; "
+                   "the best score wins.")
 @click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True,
               help="niah_single samples per setting with --retrieval.")
 @click.option("--quick", is_flag=True, help="Coarse search only (b, log-n, one attention factor): 8 settings.")
@@ -498,7 +499,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                     raise GGUFRopeError(f"{flag} {t.name}: {n} tokens, fewer than one window of n_ctx {n_ctx}; "
                                         "give a longer text")
         sf = L // 2 if score_from is None else score_from
-        n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (3 * samples if retrieval else 0)
+        n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (4 * samples if retrieval else 0)
         bar = unit_bar(n_eval, "tune", disable=quiet)
 
         def pooled(st: T.Setting, txts: list) -> dict:
@@ -543,11 +544,13 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         held_out = {name: pooled(st, hold) for name, st in checks}
         bar.close()
     md = T.markdown(search.trials, chosen, n_ctx=n_ctx, L=L, texts=[t.name for t in cal], held_out=held_out,
-                    held_texts=[t.name for t in hold], label=lambda st: st.label(n_ctx, L))
+                    held_texts=[t.name for t in hold], label=lambda st: st.label(n_ctx, L),
+                    samples=samples if retrieval else None)
     os.makedirs(out_dir, exist_ok=True)
     atomic_json(__import__("pathlib").Path(out_dir) / "tune.json", {
         "model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "texts": [t.name for t in cal],
         "held_out_texts": [t.name for t in hold], "score_from": sf, "quick": quick,
+        "retrieval_samples": samples if retrieval else None,
         "trials": [{"label": t.setting.label(n_ctx, L), "stage": t.stage, "role": t.role, "ppl_beyond": t.score,
                     **t.extra, "setting": T.setting_dict(t.setting)} for t in search.ranked()],
         "chosen": T.setting_dict(chosen.setting), "held_out": held_out,

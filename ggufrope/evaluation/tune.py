@@ -7,8 +7,10 @@ x5.72 with scale 0.75), so a user should not have to guess them.
 **Objective.** Perplexity of the tokens predicted from positions >= L (``ppl_beyond``, see
 :mod:`ggufrope.evaluation.ppl`) on calibration text: one window of n_ctx tokens per text,
 cached per unit like the comparison grid, so an interrupted search resumes. With
-``retrieval``, RULER-lite ``niah_single`` (:mod:`ggufrope.evaluation.ruler`) at n_ctx breaks
-the tie among the three best by perplexity (highest score wins, then lowest perplexity).
+``retrieval``, RULER-lite ``niah_single`` (:mod:`ggufrope.evaluation.ruler`) at n_ctx chooses
+among the three best by perplexity and the seed default (highest score wins, then lowest
+perplexity): perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the
+three best by perplexity found 3, 4 and 6 needles of 10, the seed default 7).
 
 **Search** (coarse to fine; every setting is a :class:`~ggufrope.evaluation.decoder.Setting`
 with k = n_ctx / L unless the k stage changes it):
@@ -185,9 +187,11 @@ def stock_rival(trials: Sequence[Trial], chosen: Trial) -> Trial | None:
 
 
 def choose_with_retrieval(trials: Sequence[Trial], retrieval: Callable[[Setting], float], top: int = 3) -> Trial:
-    """Among the ``top`` candidates by perplexity, the highest retrieval score (percent), then
-    the lowest perplexity; stores the score in ``trial.extra["niah_single"]``."""
-    c = sorted((t for t in trials if t.role == "candidate"), key=lambda t: t.score)[:top]
+    """Among the ``top`` candidates by perplexity and the seed default (when the search measured
+    it), the highest retrieval score (percent), then the lowest perplexity; stores the score in
+    ``trial.extra["niah_single"]``."""
+    cands = sorted((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
+    c = cands[:top] + [t for t in cands[top:] if t.setting == seed_default()]
     if not c:
         raise GGUFRopeError("tune: no candidate was evaluated")
     for t in c:
@@ -206,10 +210,10 @@ def pct(a: float, b: float) -> str:
 
 def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, texts: Sequence[str],
              held_out: dict[str, dict[str, float]] | None = None, held_texts: Sequence[str] = (),
-             label: Callable[[Setting], str] | None = None) -> str:
+             label: Callable[[Setting], str] | None = None, samples: int | None = None) -> str:
     """The ranked table: rank, setting, stage, calibration perplexity beyond L, relative to the
-    seed default and to YaRN (negative: better), niah_single where measured; then the
-    held-out check."""
+    seed default and to YaRN (negative: better), niah_single where measured (``samples``: its
+    sample count, for the note under the table); then the held-out check."""
     by = {t.setting: t for t in trials}
     sd, yarn = by.get(seed_default()), by.get(candidate("yarn"))
     rows = sorted(trials, key=lambda t: t.score)
@@ -238,6 +242,16 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
                "the tokens predicted from positions >= L (the objective), one window per text"
                + ("; within L: the tokens predicted from the scored positions < L (not used by the search)."
                   if has_w else "."))
+    if has_r:
+        n = "" if samples is None else f" over {samples} samples (seed 0)"
+        out.append("")
+        out.append(f"niah_single: RULER-lite at n_ctx {n_ctx}{n}, percent of gold values found, run on the "
+                   "three best candidates by perplexity and the seed default; the best score is chosen, a tie goes to "
+                   "the lower perplexity.")
+        best = min((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
+        if best is not chosen:
+            out.append(f"Retrieval changed the choice: the best by perplexity alone is {(label or Setting.label)(best.setting)} "
+                       f"({best.score:.4f}, niah_single {best.extra['niah_single']:.0f} %).")
     rival = stock_rival(trials, chosen)
     if rival is not None:
         name = (label or Setting.label)(rival.setting)
