@@ -143,6 +143,32 @@ def test_tune_quick_ranks_holds_out_resumes_and_writes(patched_lib, tiny, tmp_pa
     assert _logits(str(w), ED.Setting("none"), plain=True) == pytest.approx(_logits(str(tiny.path), st), abs=0)
 
 
+def test_eval_ppl_attn_factor_is_llama_cpps_own_key(patched_lib, tiny, tmp_path):
+    """`eval ppl --attn-factor S` (the constant attention scale tune searches) gives the perplexity
+    of a copy whose {arch}.rope.scaling.attn_factor = S, read by llama.cpp itself with no override;
+    S = 1 is no flag at all, S = 1.2 changes the result, S <= 0 is a one-line error."""
+    from ggufrope.gguf_writer import set_keys
+
+    txt = _text(tmp_path / "t.txt", 3)
+    scaled = tmp_path / "scaled.gguf"
+    set_keys(str(tiny.path), str(scaled), {"llama.rope.scaling.attn_factor": 1.2})
+
+    def ppl(model, *flags):
+        r = CliRunner().invoke(main, ["eval", "ppl", str(model), "-c", "128", "--text", txt, "-m", "ntk-mixed",
+                                      "--json", "-t", "2", "--batch-size", "128", *flags])
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        return out["method"], out["all"]["ppl"]
+
+    label, with_flag = ppl(tiny.path, "--attn-factor", "1.2")
+    assert label.endswith("attn×1.2")
+    assert with_flag == pytest.approx(ppl(scaled)[1], rel=1e-9)
+    assert ppl(tiny.path, "--attn-factor", "1")[1] == ppl(tiny.path)[1] != pytest.approx(with_flag, rel=1e-3)
+    bad = CliRunner().invoke(main, ["eval", "ppl", str(tiny.path), "-c", "128", "--text", txt, "--attn-factor", "0"])
+    assert bad.exit_code != 0 and "attention factor must be a number > 0" in bad.output
+    assert "Traceback" not in bad.output
+
+
 def test_tune_refuses_a_text_shorter_than_n_ctx_before_searching(patched_lib, tiny, tmp_path):
     """A held-out text that cannot fill one window is refused up front, not after the search."""
     short = tmp_path / "short.txt"

@@ -129,6 +129,9 @@ def _eval_method_options(f: Any) -> Any:
                      help="Dynamic k (NTK family, without -k): no k is passed; llama.cpp keeps k = 1 within L, then "
                      "the smallest power of 2 with k*L >= n as the window fills, re-rotating the cached keys. "
                      "--static: one k per context, passed explicitly."),
+        click.option("--attn-factor", "attn_factor", type=float, default=1.0, show_default=True, metavar="S",
+                     help="Constant attention scale s > 0 (llama.cpp's yarn_attn_factor: cos/sin of Q and K times s, "
+                     "logits times s^2), on top of --logn or instead of it; what `ggufrope tune` searches."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -181,7 +184,7 @@ def _fmt_ppl(x: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
 def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float | None, logn: bool,
-                 dynamic: bool, texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
+                 dynamic: bool, attn_factor: float, texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
                  n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
 
@@ -195,7 +198,7 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
     L = n_ctx_orig_of(model)
     n_ctx = n_ctx or 2 * L
     check_score_from(n_ctx, score_from)
-    st = Setting(method, factor, exponent, logn, dynamic)
+    st = Setting(method, factor, exponent, logn, dynamic, attn_factor=attn_factor)
     txts = resolve_texts(texts)
     llm = load_model(model, st, n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
                        threads=threads, verbose=verbose)
@@ -239,7 +242,7 @@ def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | Non
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
 def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
-                     logn: bool, dynamic: bool,
+                     logn: bool, dynamic: bool, attn_factor: float,
                      trials: int, seed: int, depths: str, n_gen: int, as_json: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Passkey retrieval (Mohtashami & Jaggi 2023, as in the PI and YaRN papers): accuracy by
@@ -248,7 +251,7 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
     from .passkey import passkey
 
     ds = parse_depths(depths)
-    st = Setting(method, factor, exponent, logn, dynamic)
+    st = Setting(method, factor, exponent, logn, dynamic, attn_factor=attn_factor)
     L, ctxs = _contexts(model, n_ctxs)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": st.label(), "seed": seed, "results": {}}
     for c, llm, dec in _each_context(model, st, ctxs, dict(n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers,
@@ -399,7 +402,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (every sample's answer).")
 @_eval_engine_options
 def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
-                   logn: bool, dynamic: bool, tasks_spec: str, samples: int, seed: int, truncate: bool, as_json: bool,
+                   logn: bool, dynamic: bool, attn_factor: float, tasks_spec: str, samples: int, seed: int, truncate: bool, as_json: bool,
                    n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """RULER-lite (Hsieh et al. 2024): the synthetic retrieval and aggregation tasks of RULER
     that need no download, in the model's chat template, greedy, scored as RULER does
@@ -409,9 +412,9 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
     from .ruler import parse_tasks, run_task
 
     tasks = parse_tasks(tasks_spec)
-    st = Setting(method, factor, exponent, logn, dynamic)
-    if truncate and (st.method != "none" or st.logn):
-        raise GGUFRopeError("--truncate is the baseline without a method: leave -m/--logn out")
+    st = Setting(method, factor, exponent, logn, dynamic, attn_factor=attn_factor)
+    if truncate and (st.method != "none" or st.logn or st.attn_factor != 1.0):
+        raise GGUFRopeError("--truncate is the baseline without a method: leave -m/--logn/--attn-factor out")
     L, ctxs = _contexts(model, n_ctxs)
     out: dict[str, Any] = {"model": model, "n_ctx_orig": L, "method": "truncate" if truncate else st.label(),
                            "seed": seed, "results": {}}
