@@ -105,16 +105,25 @@ def test_retrieval_chooses_among_the_top_three_and_the_seed_default():
     assert sd not in top3  # 5th of 6 here: by hand 5 + 10 * (0.625 - 0.875)^2 + 300 * 0.035^2 = 5.9925
     ch = T.choose_with_retrieval(s.trials, lambda st: 100.0 if st == top3[2].setting else 50.0)
     assert ch is top3[2] and ch.extra["niah_single"] == 100.0
-    assert "niah_single" not in next(t for t in s.trials if t.role == "reference").extra
+    yarn, linear = (next(t for t in s.trials if t.setting.method == m) for m in ("yarn", "linear"))
+    assert yarn.extra["niah_single"] == 50.0 and "niah_single" not in linear.extra  # YaRN: for the report
     assert sd.extra["niah_single"] == 50.0  # measured too, though 4th or lower by perplexity
-    assert sum("niah_single" in t.extra for t in s.trials) == 4  # and nothing else
+    assert sum("niah_single" in t.extra for t in s.trials) == 5  # and nothing else
     md = T.markdown(s.trials, ch, n_ctx=16384, L=8192, texts=["doc"], samples=10)
     rows = [ln for ln in md.splitlines() if ln.startswith("| ") and "(chosen)" in ln]
     assert len(rows) == 1 and rows[0].startswith("| 3 | ") and rows[0].endswith(" | 100 % |")
     assert "niah_single: RULER-lite at n_ctx 16384 over 10 samples (seed 0), percent of gold values found, run on " \
            "the three best candidates by perplexity and the seed default" in md
+    assert "finds more needles than the choice" not in md  # YaRN 50 % against 100 %
     assert f"the best by perplexity alone is {top3[0].setting.label()} ({top3[0].score:.4f}, niah_single 50 %)" in md
     assert T.choose_with_retrieval(s.trials, lambda st: 70.0 if st == T.seed_default() else 30.0) is sd
+    # YaRN retrieves best: never chosen (a reference), and the report says so
+    ch_y = T.choose_with_retrieval(s.trials, lambda st: {"yarn": 90.0}.get(st.method, 70.0 if st == T.seed_default()
+                                                                                   else 30.0))
+    assert ch_y is sd and T.retrieval_rival(s.trials, ch_y) is yarn
+    assert "Stock llama.cpp's yarn k=2 finds more needles than the choice (90 % against 70 %): for retrieval on this " \
+           "model at this n_ctx, llama.cpp's own --rope-scaling yarn does better." in \
+           T.markdown(s.trials, ch_y, n_ctx=16384, L=8192, texts=["doc"], label=lambda st: st.label(16384, 8192))
     ch0 = T.choose_with_retrieval(s.trials, lambda st: 50.0)  # a tie: the lower perplexity wins, nothing changed
     assert ch0 is top3[0]
     assert "Retrieval changed the choice" not in T.markdown(s.trials, ch0, n_ctx=16384, L=8192, texts=["doc"])

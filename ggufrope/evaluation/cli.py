@@ -443,8 +443,8 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
               help="Text for the held-out check, not used by the search.  [default: docutils_manual, or "
                    "paradise_lost when that is calibration text]")
 @click.option("--retrieval", is_flag=True,
-              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity and the seed default; "
-                   "the best score wins.")
+              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity and the seed default "
+                   "(the best score wins), and on stock YaRN for comparison.")
 @click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True,
               help="niah_single samples per setting with --retrieval.")
 @click.option("--quick", is_flag=True, help="Coarse search only (b, log-n, one attention factor): 8 settings.")
@@ -502,7 +502,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                     raise GGUFRopeError(f"{flag} {t.name}: {n} tokens, fewer than one window of n_ctx {n_ctx}; "
                                         "give a longer text")
         sf = L // 2 if score_from is None else score_from
-        n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (4 * samples if retrieval else 0)
+        n_eval = (8 if quick else 17) * len(cal) + 3 * len(hold) + (5 * samples if retrieval else 0)
         bar = unit_bar(n_eval, "tune", disable=quiet)
 
         def pooled(st: T.Setting, txts: list) -> dict:

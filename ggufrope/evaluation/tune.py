@@ -9,7 +9,7 @@ x5.72 with scale 0.75), so a user should not have to guess them.
 cached per unit like the comparison grid, so an interrupted search resumes. With
 ``retrieval``, RULER-lite ``niah_single`` (:mod:`ggufrope.evaluation.ruler`) at n_ctx chooses
 among the three best by perplexity and the seed default (highest score wins, then lowest
-perplexity): perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the
+perplexity; stock YaRN is scored too, for the report): perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the
 three best by perplexity found 3, 4 and 6 needles of 10, the seed default 7).
 
 **Search** (coarse to fine; every setting is a :class:`~ggufrope.evaluation.decoder.Setting`
@@ -189,14 +189,24 @@ def stock_rival(trials: Sequence[Trial], chosen: Trial) -> Trial | None:
 def choose_with_retrieval(trials: Sequence[Trial], retrieval: Callable[[Setting], float], top: int = 3) -> Trial:
     """Among the ``top`` candidates by perplexity and the seed default (when the search measured
     it), the highest retrieval score (percent), then the lowest perplexity; stores the score in
-    ``trial.extra["niah_single"]``."""
+    ``trial.extra["niah_single"]``. Stock YaRN (a reference, when the search measured it) is
+    scored too, never chosen: the report compares the choice with it (:func:`retrieval_rival`)."""
     cands = sorted((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
     c = cands[:top] + [t for t in cands[top:] if t.setting == seed_default()]
     if not c:
         raise GGUFRopeError("tune: no candidate was evaluated")
-    for t in c:
+    yarn = [t for t in trials if t.role == "reference" and t.setting == candidate("yarn")]
+    for t in c + yarn:
         t.extra["niah_single"] = float(retrieval(t.setting))
     return max(c, key=lambda t: (t.extra["niah_single"], -t.score))
+
+
+def retrieval_rival(trials: Sequence[Trial], chosen: Trial) -> Trial | None:
+    """Stock YaRN when its niah_single score (see :func:`choose_with_retrieval`) is higher than
+    ``chosen``'s, else None."""
+    y = next((t for t in trials if t.role == "reference" and "niah_single" in t.extra), None)
+    c = chosen.extra.get("niah_single")
+    return y if y is not None and c is not None and y.extra["niah_single"] > c else None
 
 
 def pct(a: float, b: float) -> str:
@@ -246,12 +256,17 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
         n = "" if samples is None else f" over {samples} samples (seed 0)"
         out.append("")
         out.append(f"niah_single: RULER-lite at n_ctx {n_ctx}{n}, percent of gold values found, run on the "
-                   "three best candidates by perplexity and the seed default; the best score is chosen, a tie goes to "
-                   "the lower perplexity.")
+                   "three best candidates by perplexity and the seed default (the best score is chosen, a tie goes to "
+                   "the lower perplexity), and on stock YaRN for comparison.")
         best = min((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
         if best is not chosen:
             out.append(f"Retrieval changed the choice: the best by perplexity alone is {(label or Setting.label)(best.setting)} "
                        f"({best.score:.4f}, niah_single {best.extra['niah_single']:.0f} %).")
+    r_rival = retrieval_rival(trials, chosen)
+    if r_rival is not None:
+        out.append(f"Stock llama.cpp's {(label or Setting.label)(r_rival.setting)} finds more needles than the choice "
+                   f"({r_rival.extra['niah_single']:.0f} % against {chosen.extra['niah_single']:.0f} %): for retrieval "
+                   "on this model at this n_ctx, llama.cpp's own --rope-scaling yarn does better.")
     rival = stock_rival(trials, chosen)
     if rival is not None:
         name = (label or Setting.label)(rival.setting)
