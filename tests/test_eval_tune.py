@@ -115,6 +115,7 @@ def test_retrieval_chooses_among_the_top_three_and_the_seed_default():
     assert "niah_single: RULER-lite at n_ctx 16384 over 10 samples (seed 0), percent of gold values found, run on " \
            "the three best candidates by perplexity and the seed default" in md
     assert "finds more needles than the choice" not in md  # YaRN 50 % against 100 %
+    assert "Ranked by perplexity only" not in md
     assert f"the best by perplexity alone is {top3[0].setting.label()} ({top3[0].score:.4f}, niah_single 50 %)" in md
     assert T.choose_with_retrieval(s.trials, lambda st: 70.0 if st == T.seed_default() else 30.0) is sd
     # YaRN retrieves best: never chosen (a reference), and the report says so
@@ -141,6 +142,7 @@ def test_report_ranks_and_states_the_held_out_result():
     assert "| seed default | 7.0000 | 0.0 % | -1.4 % |" in md  # 7.0/7.1 - 1 = -1.41 %
     assert "| chosen | 6.9000 | -1.4 % | -2.8 % |" in md  # 6.9/7.0 - 1 = -1.43 %, 6.9/7.1 - 1 = -2.82 %
     assert "beats both the seed default and YaRN" in md
+    assert "Ranked by perplexity only, which does not rank retrieval" in md  # no --retrieval: the report says so
     md2 = T.markdown(s.trials, best, n_ctx=16384, L=8192, texts=["doc"],
                      held_out={"chosen": {"ppl_beyond": 7.2}, "seed default": {"ppl_beyond": 7.0},
                                "yarn": {"ppl_beyond": 7.1}}, held_texts=["other"])

@@ -262,6 +262,10 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
         if best is not chosen:
             out.append(f"Retrieval changed the choice: the best by perplexity alone is {(label or Setting.label)(best.setting)} "
                        f"({best.score:.4f}, niah_single {best.extra['niah_single']:.0f} %).")
+    else:
+        out.append("")
+        out.append("Ranked by perplexity only, which does not rank retrieval (docs/results.md): add --retrieval "
+                   "when the long context is for retrieval.")
     r_rival = retrieval_rival(trials, chosen)
     if r_rival is not None:
         out.append(f"Stock llama.cpp's {(label or Setting.label)(r_rival.setting)} finds more needles than the choice "
