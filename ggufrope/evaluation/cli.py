@@ -184,8 +184,8 @@ def _fmt_ppl(x: float | None) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_eval_engine_options
 def eval_ppl_cmd(model: str, n_ctx: int | None, method: str, factor: float | None, exponent: float | None, logn: bool,
-                 dynamic: bool, attn_factor: float, texts: tuple[str, ...], max_windows: int | None, score_from: int | None, as_json: bool,
-                 n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+                 dynamic: bool, attn_factor: float, texts: tuple[str, ...], max_windows: int | None,
+                 score_from: int | None, as_json: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Perplexity of MODEL on long documents, over all scored tokens and beyond L.
 
     Each window of n_ctx tokens is evaluated from an empty context in one pass (first token
@@ -402,8 +402,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (every sample's answer).")
 @_eval_engine_options
 def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | None, exponent: float | None,
-                   logn: bool, dynamic: bool, attn_factor: float, tasks_spec: str, samples: int, seed: int, truncate: bool, as_json: bool,
-                   n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
+                   logn: bool, dynamic: bool, attn_factor: float, tasks_spec: str, samples: int, seed: int,
+                   truncate: bool, as_json: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """RULER-lite (Hsieh et al. 2024): the synthetic retrieval and aggregation tasks of RULER
     that need no download, in the model's chat template, greedy, scored as RULER does
     (string_match_all, percent), with the shuffled control (answers graded against another

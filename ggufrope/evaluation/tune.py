@@ -9,8 +9,9 @@ x5.72 with scale 0.75), so a user should not have to guess them.
 cached per unit like the comparison grid, so an interrupted search resumes. With
 ``retrieval``, RULER-lite ``niah_single`` (:mod:`ggufrope.evaluation.ruler`) at n_ctx chooses
 among the three best by perplexity and the seed default (highest score wins, then lowest
-perplexity; stock YaRN is scored too, for the report): perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the
-three best by perplexity found 3, 4 and 6 needles of 10, the seed default 7).
+perplexity; stock YaRN is scored too, for the report): perplexity beyond L does not rank
+retrieval (docs/results.md: on SmolLM2 at 2x the three best by perplexity found 3, 4 and 6
+needles of 10, the seed default 7).
 
 **Search** (coarse to fine; every setting is a :class:`~ggufrope.evaluation.decoder.Setting`
 with k = n_ctx / L unless the k stage changes it):
@@ -224,6 +225,7 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
     """The ranked table: rank, setting, stage, calibration perplexity beyond L, relative to the
     seed default and to YaRN (negative: better), niah_single where measured (``samples``: its
     sample count, for the note under the table); then the held-out check."""
+    lab = label or Setting.label
     by = {t.setting: t for t in trials}
     sd, yarn = by.get(seed_default()), by.get(candidate("yarn"))
     rows = sorted(trials, key=lambda t: t.score)
@@ -234,7 +236,7 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
     head += ["niah_single"] if has_r else []
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---", "---"] + ["---:"] * (len(head) - 3)) + "|"]
     for i, t in enumerate(rows, 1):
-        name = (label or Setting.label)(t.setting) + (" (stock)" if t.role == "reference" else "")
+        name = lab(t.setting) + (" (stock)" if t.role == "reference" else "")
         if t is chosen:
             name = f"**{name}** (chosen)"
         if sd is not None and t.setting == sd.setting:
@@ -260,7 +262,7 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
                    "the lower perplexity), and on stock YaRN for comparison.")
         best = min((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
         if best is not chosen:
-            out.append(f"Retrieval changed the choice: the best by perplexity alone is {(label or Setting.label)(best.setting)} "
+            out.append(f"Retrieval changed the choice: the best by perplexity alone is {lab(best.setting)} "
                        f"({best.score:.4f}, niah_single {best.extra['niah_single']:.0f} %).")
     else:
         out.append("")
@@ -268,12 +270,12 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
                    "when the long context is for retrieval.")
     r_rival = retrieval_rival(trials, chosen)
     if r_rival is not None:
-        out.append(f"Stock llama.cpp's {(label or Setting.label)(r_rival.setting)} finds more needles than the choice "
+        out.append(f"Stock llama.cpp's {lab(r_rival.setting)} finds more needles than the choice "
                    f"({r_rival.extra['niah_single']:.0f} % against {chosen.extra['niah_single']:.0f} %): for retrieval "
                    "on this model at this n_ctx, llama.cpp's own --rope-scaling yarn does better.")
     rival = stock_rival(trials, chosen)
     if rival is not None:
-        name = (label or Setting.label)(rival.setting)
+        name = lab(rival.setting)
         out.append("")
         out.append(f"Stock llama.cpp's {name} scores better than the choice on the calibration text "
                    f"({rival.score:.4f} against {chosen.score:.4f}, {pct(rival.score, chosen.score)}): "
