@@ -107,6 +107,19 @@ def library_version() -> str | None:
     return f().decode()
 
 
+def has_gpu() -> bool:
+    """Whether the loaded llama.cpp has a GPU device (ggml's ``GGML_BACKEND_DEVICE_TYPE_GPU`` or
+    ``_IGPU``, through ``ggml_backend_dev_by_type``). Unlike ``llama_supports_gpu_offload``, which
+    is also true for a CPU build with the RPC backend (llama-cpp-python builds one), it is false
+    on a CPU-only build."""
+    import llama_cpp
+
+    llama_cpp.llama_supports_gpu_offload()  # loads the backends, as llama.cpp does before it asks
+    f = _lib().ggml_backend_dev_by_type
+    f.argtypes, f.restype = [ctypes.c_int], ctypes.c_void_p
+    return any(f(t) for t in (1, 2))  # GGML_BACKEND_DEVICE_TYPE_GPU, GGML_BACKEND_DEVICE_TYPE_IGPU
+
+
 def is_patched() -> bool:
     """True when the loaded libllama carries the ggufrope patch."""
     try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from ggufrope.evaluation import cache as EC, decoder as ED, grid as EG, ppl as EP
 
 
@@ -31,6 +33,28 @@ def test_build_info_fields(patched_lib):
     assert EC.build_id(b) == f"llama.cpp {b['library']} (patch {patched_lib}), CPU, flash-attn on, n_ubatch 128"
     assert EC.build_id(None) == "unrecorded"
     assert ED.batch_sizes(512, None, 128) == (128, 128) and ED.batch_sizes(512, 64, 4096) == (512, 64)
+
+
+def test_backend_is_cpu_with_layers_offloaded_to_a_cpu_only_build(patched_lib):
+    """``-ngl -1`` on a library without a GPU backend computes on the CPU: the build says so,
+    although ``llama_supports_gpu_offload`` is true there (llama-cpp-python builds the RPC
+    backend, which counts as offload)."""
+    import glob
+    import os
+
+    import llama_cpp
+    import llama_cpp.llama_cpp as lc
+
+    from ggufrope import runtime
+
+    libdir = os.path.dirname(os.path.realpath(lc._lib._name))
+    gpu_libs = [p for p in glob.glob(os.path.join(libdir, "libggml-*.so*"))
+                if re.search(r"libggml-(cuda|hip|vulkan|metal|sycl|musa|opencl)", p)]
+    if gpu_libs:
+        pytest.skip(f"a GPU build ({os.path.basename(gpu_libs[0])}): the case of this test does not arise")
+    assert not runtime.has_gpu() and EC.build_info(-1, True, 128)["backend"] == "CPU"
+    if glob.glob(os.path.join(libdir, "libggml-rpc.so*")):
+        assert llama_cpp.llama_supports_gpu_offload()  # why has_gpu exists
 
 
 def _text() -> EP.Text:

@@ -212,3 +212,74 @@ def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monk
     monkeypatch.setattr(runtime, "factor_in_use", lambda llm: 4.0)
     with pytest.raises(GGUFRopeError, match="llama.cpp applies k = 4.0 where k = 3.125 was passed"):
         ED.load_model(m.path, ED.Setting("ntk-mixed"), 200, threads=2)
+
+
+# --- e. prefix reuse: a prompt started from the previous one's KV cache -------------------------------
+
+
+def _reuse_case(model, st, n_ctx, n_batch=48):
+    """Prompt a (then 3 greedy tokens, which stay in the cache) and prompt b, which shares its first
+    100 tokens with a: b's logits at every position after the shared prefix, once with the prefix
+    kept from a, once from an empty cache. n_batch 48 cuts the two prompts into different batches."""
+    rng = np.random.default_rng(11)
+    a = rng.integers(4, model.n_vocab, size=n_ctx - 20).tolist()
+    b = a[:100] + [(t % (model.n_vocab - 4)) + 4 for t in np.array(a[100:n_ctx - 30]) + 1]
+    assert b[100] != a[100]
+    llm = ED.load_model(model.path, st, n_ctx, n_batch=n_batch, threads=THREADS)
+    out = {}
+    with ED.Decoder(llm) as dec:
+        def logits_of(p):
+            buf = np.empty((len(b) - p, dec.n_vocab), dtype=np.float32)
+
+            def take(rows, logits):
+                buf[np.asarray(rows) - p] = logits
+
+            dec.decode(b[p:], p, range(len(b) - p), lambda rows, lg: take([r + p for r in rows], lg))
+            return buf
+
+        out["exact"] = dec.reuse_prefix
+        ED.greedy_answer(dec, a, 3)
+        assert dec.last_reused == 0  # an empty cache to start from
+        p = dec.keep_prefix(b)
+        out["kept"], out["reused"] = p, logits_of(p)
+        dec.clear()
+        out["fresh"] = logits_of(0)[p:]
+        assert dec.keep_prefix(b) == len(b) - 1  # all but the last token, whose logits are wanted
+    del llm
+    return out
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("st", [ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), ED.Setting("yarn", 4.0)],
+                         ids=["ntk-mixed+log-n", "yarn"])
+def test_prefix_reuse_gives_the_logits_of_an_empty_cache_bit_for_bit(patched_lib, tiny, st):
+    """At 4 x L (log-n and the NTK table beyond L), with flash attention and the F16 cache the
+    evaluation uses: keeping the 100 tokens that the cache holds from the previous prompt (and
+    dropping that prompt's tail and answer) gives exactly the logits of a prefill from empty."""
+    r = _reuse_case(tiny, st, 4 * L)
+    assert r["exact"] and r["kept"] == 100
+    assert np.array_equal(r["reused"], r["fresh"])
+    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3  # rows that differ: a real comparison
+
+
+@pytest.mark.real_model
+def test_prefix_reuse_is_off_with_dynamic_k(patched_lib, tiny):
+    """Dynamic k re-rotates the cached keys as the sequence grows, so the cache of a longer prompt
+    is not the prefix of a shorter one: the decoder evaluates every prompt from empty."""
+    llm = ED.load_model(tiny.path, ED.Setting("ntk-mixed", None, 0.625, dynamic=True), 4 * L, threads=THREADS)
+    with ED.Decoder(llm) as dec:
+        assert not dec.reuse_prefix
+        toks = [4 + i % (tiny.n_vocab - 4) for i in range(2 * L)]
+        ED.greedy_answer(dec, toks, 2)
+        ED.greedy_answer(dec, toks, 2)
+        assert dec.last_reused == 0
+    del llm
+
+
+@pytest.mark.real_model
+def test_prefix_reuse_is_off_with_sliding_window_layers(patched_lib, gemma3):
+    """Gemma 3's sliding-window layers keep only the last n_swa positions in their cache."""
+    llm = ED.load_model(gemma3, ED.Setting("none"), 512, threads=THREADS)
+    with ED.Decoder(llm) as dec:
+        assert not dec.reuse_prefix
+    del llm

@@ -47,6 +47,10 @@ def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2)
     llm = ED.load_model(smollm2, ED.Setting("none"), n_ctx, n_batch=512, threads=THREADS)
     with ED.Decoder(llm) as dec:
         r = EPK.passkey(dec, n_ctx, trials=10, seed=0)
+        assert dec.reuse_prefix  # deepest key first, each trial keeping the filler it shares with the last
+        dec.reuse_prefix = False
+        full = EPK.passkey(dec, n_ctx, trials=5, seed=0)  # the first 5 trials, each from an empty cache
+        dec.reuse_prefix = True
         # control: the answer to a prompt holding key A, graded against key B
         toks, _ = EPK.build_passkey_tokens(dec, 24680, 0.5, 256)
         answer = ED.greedy_answer(dec, toks)
@@ -54,4 +58,7 @@ def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2)
     assert all(n_ctx - ED.DEFAULT_N_GEN - 8 <= row["prompt_tokens"] <= n_ctx - ED.DEFAULT_N_GEN for row in r["rows"])
     assert set(r["by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
     assert r["accuracy"] >= 0.8
+    saved = sum(row["reused_tokens"] for row in r["rows"]) / sum(row["prompt_tokens"] for row in r["rows"])
+    assert saved > 0.25 and all(row["reused_tokens"] == 0 for row in full["rows"])
+    assert [row["answer"] for row in full["rows"]] == [row["answer"] for row in r["rows"][:5]]
     assert "24680" in answer and "13579" not in answer

@@ -226,3 +226,25 @@ def test_truncation_baseline_cannot_answer_what_it_cut(dec):
             assert b["score"] == 0.0, (i, b["answer"])
     assert kept_any and cut_any  # depths are spread: both cases occur in 10 samples
     assert cut["score"] < full["score"]
+
+
+@pytest.mark.real_model
+def test_prefix_reuse_gives_the_answers_of_full_prefills(dec):
+    """The CI run of niah_single keeps, for each prompt, the filler it shares with the one before
+    (deepest needle first; Decoder.reuse_prefix, on for this CPU build): the first 4 samples
+    prefilled from an empty cache give the same answers, and reuse saved a large part of the
+    prefill."""
+    r = _run(dec, "niah_single")
+    assert dec.reuse_prefix
+    rows = r["rows"]
+    saved = sum(x["reused_tokens"] for x in rows) / sum(x["prompt_tokens"] for x in rows)
+    deepest = max(rows, key=lambda x: x["depth"])
+    print(f"\nniah_single @ {CTX['niah_single']}: prefix reuse kept {100 * saved:.0f} % of the prompt tokens")
+    assert deepest["reused_tokens"] == 0 and saved > 0.25
+    dec.reuse_prefix = False
+    try:
+        full = R.run_task(dec, "niah_single", CTX["niah_single"], samples=4, seed=0)
+    finally:
+        dec.reuse_prefix = True
+    assert all(x["reused_tokens"] == 0 for x in full["rows"])
+    assert [x["answer"] for x in full["rows"]] == [x["answer"] for x in rows[:4]]

@@ -126,14 +126,13 @@ def library_hash() -> str:
 def build_info(gpu_layers: int, flash_attn: bool, n_ubatch: int) -> dict[str, Any]:
     """The library build a unit is computed with: ``library`` (:func:`library_hash`),
     ``ggufrope_patch`` (:func:`ggufrope.runtime.library_version`, None for a stock library),
-    ``backend`` (``"CUDA"`` when layers are offloaded to a library that can, else ``"CPU"``),
+    ``backend`` (``"CUDA"`` when layers are offloaded and the library has a GPU device,
+    :func:`ggufrope.runtime.has_gpu`, else ``"CPU"``),
     ``flash_attn`` and ``n_ubatch`` as the model is loaded with them
     (:func:`ggufrope.evaluation.decoder.batch_sizes`)."""
-    import llama_cpp
+    from ..runtime import has_gpu, library_version
 
-    from ..runtime import library_version
-
-    gpu = gpu_layers != 0 and bool(llama_cpp.llama_supports_gpu_offload())
+    gpu = gpu_layers != 0 and has_gpu()
     return {"library": library_hash(), "ggufrope_patch": library_version(), "backend": "CUDA" if gpu else "CPU",
             "flash_attn": bool(flash_attn), "n_ubatch": int(n_ubatch)}
 

@@ -23,6 +23,11 @@ re-rotated). The k read back after a load must be 1 (an empty context), and the 
 the end of a unit is stored with it (``factor_end``). A dynamic unit's cache key carries
 ``"dynamic": true`` and its ratio r; a static unit's key has no such field, so it is the key
 it had before dynamic k existed. Report labels say ``dyn`` (``ntk-mixed (b=0.625) dyn``).
+
+**Prefix reuse** (retrieval prompts): :func:`greedy_answer` starts a prompt from the KV cache
+of the previous one where both begin alike (the filler before a needle), as llama-server reuses
+its prompt cache, where :func:`prefix_reuse_ok` allows it; only the batching of the prompt
+changes. Retrieval rows record ``reused_tokens``.
 """
 
 from __future__ import annotations
@@ -180,9 +185,33 @@ def load_model(
     return llm
 
 
+def prefix_reuse_ok(llm: Any) -> bool:
+    """Whether :func:`greedy_answer` may start a prompt on ``llm`` (a ``llama_cpp.Llama``) from
+    the longest prefix that its KV cache already holds: a CPU-only library (on a GPU the kernels
+    are chosen by batch size, and a CUDA build offloads large batches even with no layer
+    offloaded), no sliding-window layers (their cache drops positions older than the window,
+    ``llama_model_n_swa``) and static k (dynamic k re-rotates the cached keys as the sequence
+    grows). Only the batching of the prompt then changes; tests/test_eval_decoder.py shows the
+    logits bit for bit equal to a prefill from empty (tiny F32 model, NTK-mixed + log-n and YaRN
+    beyond L), tests/test_eval_ruler.py the answers on SmolLM2 (Q4_1). A weight type whose CPU
+    kernel depends on the batch (the repacked Q4_0/Q4_K layouts) may differ in float rounding,
+    as llama.cpp's results do between two n_ubatch."""
+    import llama_cpp
+
+    from ..runtime import dynamic_in_use, has_dynamic, has_gpu
+
+    rope = getattr(llm, "ggufrope", None)
+    dynamic = rope.dynamic if rope is not None else (has_dynamic() and dynamic_in_use(llm))
+    return not has_gpu() and int(llama_cpp.llama_model_n_swa(llm.model)) == 0 and not dynamic
+
+
 class Decoder:
     """Batched decoding of one sequence on a loaded ``llama_cpp.Llama`` with the low-level API:
-    logits are computed only where asked and read back row by row with ``llama_get_logits_ith``."""
+    logits are computed only where asked and read back row by row with ``llama_get_logits_ith``.
+
+    ``reuse_prefix`` (:func:`prefix_reuse_ok`, settable): :func:`greedy_answer` keeps the
+    prefix of its prompt that the KV cache holds (:meth:`keep_prefix`); ``last_reused`` is the
+    number of tokens it kept last time."""
 
     def __init__(self, llm: Any):
         import llama_cpp
@@ -198,6 +227,9 @@ class Decoder:
         self.bos = int(llama_cpp.llama_vocab_bos(self.vocab))
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_decoded = 0  #: tokens decoded so far (for tests and timings)
+        self._kv: list[int] | None = []  #: the tokens at positions 0.. of the KV cache (None: unknown)
+        self.reuse_prefix = prefix_reuse_ok(llm)
+        self.last_reused = 0
 
     def close(self) -> None:
         if self._batch is not None:
@@ -219,6 +251,23 @@ class Decoder:
     def clear(self) -> None:
         """Empty the context (KV cache) before a new sequence."""
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.ctx), True)
+        self._kv = []
+
+    def keep_prefix(self, tokens: Sequence[int]) -> int:
+        """Keep in the KV cache the longest prefix of ``tokens`` that it holds at positions 0..
+        (at most ``len(tokens) - 1`` tokens, so that one is left to decode for its logits), drop
+        the rest of the sequence, and return the prefix's length; 0 when nothing is kept (the
+        cache is then empty). Decode ``tokens[n:]`` at ``n`` next."""
+        kv, n = self._kv or [], min(len(self._kv or []), len(tokens) - 1)
+        p = 0
+        if n > 0:
+            diff = np.flatnonzero(np.asarray(kv[:n]) != np.asarray(tokens[:n]))
+            p = int(diff[0]) if diff.size else n
+        if p == 0 or not self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, p, -1):
+            self.clear()
+            return 0
+        del kv[p:]
+        return p
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         """``add_bos``: add the vocabulary's special prefix when it asks for one (as llama.cpp's
@@ -241,6 +290,8 @@ class Decoder:
             want[idx] = True
         if pos0 + len(tokens) > self.n_ctx:
             raise GGUFRopeError(f"{pos0 + len(tokens)} positions do not fit in n_ctx {self.n_ctx}")
+        if self._kv is not None and pos0 != len(self._kv):
+            self._kv = None  # not appended to the cached sequence: its content is no longer known
         b = self._batch
         buf: np.ndarray | None = None
         for s in range(0, len(tokens), self.n_batch):
@@ -257,6 +308,11 @@ class Decoder:
                     rows.append(j)
             b.n_tokens = e - s
             rc = self.lc.llama_decode(self.ctx, b)
+            if self._kv is not None:
+                if rc == 0:
+                    self._kv.extend(int(t) for t in tokens[s:e])
+                else:
+                    self._kv = None
             if rc != 0:
                 raise GGUFRopeError(f"llama_decode failed (status {rc}) at positions {pos0 + s}..{pos0 + e - 1}")
             self.n_decoded += e - s
@@ -286,16 +342,24 @@ def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128) -> np.n
 
 def greedy_answer(dec: Decoder, tokens: Sequence[int], n_gen: int = DEFAULT_N_GEN) -> str:
     """Evaluate ``tokens`` from an empty context, then decode up to ``n_gen`` tokens greedily
-    (stopping at an end-of-generation token); return the decoded text."""
+    (stopping at an end-of-generation token); return the decoded text. With
+    ``dec.reuse_prefix`` the tokens that the KV cache already holds at the start of
+    ``tokens`` are kept instead of evaluated again (:meth:`Decoder.keep_prefix`; their number
+    in ``dec.last_reused``)."""
     import llama_cpp
 
-    dec.clear()
+    if dec.reuse_prefix and tokens:
+        p = dec.keep_prefix(tokens)
+    else:
+        dec.clear()
+        p = 0
+    dec.last_reused = p
     nxt: list[int] = []
 
     def take(rows: list[int], logits: np.ndarray) -> None:
         nxt.append(int(np.argmax(logits[-1])))
 
-    dec.decode(tokens, 0, [len(tokens) - 1], take)
+    dec.decode(tokens[p:], p, [len(tokens) - p - 1], take)
     out: list[int] = []
     while True:
         tok = nxt[-1]

@@ -107,20 +107,29 @@ def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
 
     if (keep_last or n_ctx) > dec.n_ctx:
         raise GGUFRopeError(f"passkey length {keep_last or n_ctx} exceeds the context {dec.n_ctx}")
-    rows = []
+    built = []
+    for key, depth in passkey_trials(trials, seed, depths):
+        toks, n_fill = build_passkey_tokens(dec, key, depth, n_ctx - n_gen)
+        if keep_last is not None:
+            toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
+        built.append((key, depth, toks, n_fill))
+    # deepest key first, so that each prompt shares its filler up to its own key with the one
+    # before (kept by the decoder where it may: Decoder.reuse_prefix)
+    order = sorted(range(trials), key=lambda t: -built[t][1]) if dec.reuse_prefix else range(trials)
+    rows: list[dict[str, Any]] = [{}] * trials
+    done = 0
     with tqdm(total=trials, unit="trial", desc=desc, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
-        for key, depth in passkey_trials(trials, seed, depths):
+        for t in order:
             t0 = time.perf_counter()
-            toks, n_fill = build_passkey_tokens(dec, key, depth, n_ctx - n_gen)
-            if keep_last is not None:
-                toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
+            key, depth, toks, n_fill = built[t]
             answer = greedy_answer(dec, toks, n_gen)
             ok = str(key) in answer
-            rows.append({"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
-                         "prompt_tokens": len(toks), "answer": answer, "correct": ok,
-                         "seconds": time.perf_counter() - t0})
-            bar.set_postfix(acc=f"{sum(r['correct'] for r in rows)}/{len(rows)}")
+            rows[t] = {"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
+                       "prompt_tokens": len(toks), "answer": answer, "correct": ok,
+                       "seconds": time.perf_counter() - t0, "reused_tokens": dec.last_reused}
+            done += ok
+            bar.set_postfix(acc=f"{done}/{sum(1 for r in rows if r)}")
             bar.update(1)
     return summarize_passkey(rows)
 

@@ -361,23 +361,31 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
     if limit > dec.n_ctx:
         raise GGUFRopeError(f"{task}: {limit} tokens do not fit the context {dec.n_ctx}")
     prompter = Prompter(dec.llm, chat)
+    built = []
+    for i in range(samples):
+        s, toks = fit_sample(prompter, task, seed, i, n_ctx - n_gen)
+        if keep_last is not None:
+            toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
+        built.append((s, toks))
+    # deepest needle first: each prompt then shares its filler up to its own needle with the one
+    # before, which the decoder keeps where it may (Decoder.reuse_prefix)
+    order = sorted(range(samples), key=lambda i: -built[i][0].depth) if dec.reuse_prefix else range(samples)
     rows: list[dict[str, Any]] = []
     with tqdm(total=samples, unit="sample", desc=desc or task, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
-        for i in range(samples):
+        for i in order:
             t0 = time.perf_counter()
-            s, toks = fit_sample(prompter, task, seed, i, n_ctx - n_gen)
-            if keep_last is not None:
-                toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
+            s, toks = built[i]
             answer = greedy_answer(dec, toks, n_gen)
             r = {"index": i, "size": s.size, "depth": s.depth, "prompt_tokens": len(toks), "answer": answer,
-                 "gold": list(s.gold), "score": score(answer, s.gold), "seconds": time.perf_counter() - t0}
+                 "gold": list(s.gold), "score": score(answer, s.gold), "seconds": time.perf_counter() - t0,
+                 "reused_tokens": dec.last_reused}
             rows.append(r)
             if on_sample is not None:
                 on_sample(r)
             bar.set_postfix(score=f"{100 * sum(x['score'] for x in rows) / len(rows):.0f}%")
             bar.update(1)
-    return summarize(rows)
+    return summarize(sorted(rows, key=lambda r: r["index"]))
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
