@@ -219,8 +219,8 @@ def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monk
 
 def _reuse_case(model, st, n_ctx, n_batch=48):
     """Prompt a (then 3 greedy tokens, which stay in the cache) and prompt b, which shares its first
-    100 tokens with a: b's logits at every position after the shared prefix, once with the prefix
-    kept from a, once from an empty cache. n_batch 48 cuts the two prompts into different batches."""
+    100 tokens with a: b's logits at every position after the prefix kept (cut to 96, the last
+    multiple of n_batch = 48), once with that prefix kept from a, once from an empty cache."""
     rng = np.random.default_rng(11)
     a = rng.integers(4, model.n_vocab, size=n_ctx - 20).tolist()
     b = a[:100] + [(t % (model.n_vocab - 4)) + 4 for t in np.array(a[100:n_ctx - 30]) + 1]
@@ -244,7 +244,8 @@ def _reuse_case(model, st, n_ctx, n_batch=48):
         out["kept"], out["reused"] = p, logits_of(p)
         dec.clear()
         out["fresh"] = logits_of(0)[p:]
-        assert dec.keep_prefix(b) == len(b) - 1  # all but the last token, whose logits are wanted
+        whole = dec.keep_prefix(b)  # all of b is cached: all but the last token (wanted), cut to a batch
+        assert whole == (len(b) - 1) // n_batch * n_batch
     del llm
     return out
 
@@ -254,10 +255,11 @@ def _reuse_case(model, st, n_ctx, n_batch=48):
                          ids=["ntk-mixed+log-n", "yarn"])
 def test_prefix_reuse_gives_the_logits_of_an_empty_cache_bit_for_bit(patched_lib, tiny, st):
     """At 4 x L (log-n and the NTK table beyond L), with flash attention and the F16 cache the
-    evaluation uses: keeping the 100 tokens that the cache holds from the previous prompt (and
-    dropping that prompt's tail and answer) gives exactly the logits of a prefill from empty."""
+    evaluation uses: keeping the tokens that the cache holds from the previous prompt up to a
+    batch boundary (and dropping the rest, that prompt's answer included) gives exactly the
+    logits of a prefill from empty."""
     r = _reuse_case(tiny, st, 4 * L)
-    assert r["exact"] and r["kept"] == 100
+    assert r["exact"] and r["kept"] == 96
     assert np.array_equal(r["reused"], r["fresh"])
     assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3  # rows that differ: a real comparison
 

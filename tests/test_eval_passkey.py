@@ -59,6 +59,7 @@ def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2)
     assert set(r["by_depth"]) == {"0", "0.25", "0.5", "0.75", "1"}
     assert r["accuracy"] >= 0.8
     saved = sum(row["reused_tokens"] for row in r["rows"]) / sum(row["prompt_tokens"] for row in r["rows"])
-    assert saved > 0.25 and all(row["reused_tokens"] == 0 for row in full["rows"])
+    assert saved > 0.1 and all(row["reused_tokens"] % 512 == 0 for row in r["rows"])
+    assert all(row["reused_tokens"] == 0 for row in full["rows"])
     assert [row["answer"] for row in full["rows"]] == [row["answer"] for row in r["rows"][:5]]
     assert "24680" in answer and "13579" not in answer

@@ -231,16 +231,18 @@ def test_truncation_baseline_cannot_answer_what_it_cut(dec):
 @pytest.mark.real_model
 def test_prefix_reuse_gives_the_answers_of_full_prefills(dec):
     """The CI run of niah_single keeps, for each prompt, the filler it shares with the one before
-    (deepest needle first; Decoder.reuse_prefix, on for this CPU build): the first 4 samples
-    prefilled from an empty cache give the same answers, and reuse saved a large part of the
-    prefill."""
+    (deepest needle first; Decoder.reuse_prefix, on for this CPU build) up to a batch boundary:
+    the first 4 samples prefilled from an empty cache give the same answers, and reuse saved a
+    part of the prefill (at 2048 tokens and n_batch 512, the cut to a batch boundary costs much
+    of it)."""
     r = _run(dec, "niah_single")
     assert dec.reuse_prefix
     rows = r["rows"]
     saved = sum(x["reused_tokens"] for x in rows) / sum(x["prompt_tokens"] for x in rows)
     deepest = max(rows, key=lambda x: x["depth"])
     print(f"\nniah_single @ {CTX['niah_single']}: prefix reuse kept {100 * saved:.0f} % of the prompt tokens")
-    assert deepest["reused_tokens"] == 0 and saved > 0.25
+    assert deepest["reused_tokens"] == 0 and saved > 0.1
+    assert all(x["reused_tokens"] % dec.n_batch == 0 for x in rows)  # kept up to a batch boundary
     dec.reuse_prefix = False
     try:
         full = R.run_task(dec, "niah_single", CTX["niah_single"], samples=4, seed=0)

@@ -26,8 +26,8 @@ it had before dynamic k existed. Report labels say ``dyn`` (``ntk-mixed (b=0.625
 
 **Prefix reuse** (retrieval prompts): :func:`greedy_answer` starts a prompt from the KV cache
 of the previous one where both begin alike (the filler before a needle), as llama-server reuses
-its prompt cache, where :func:`prefix_reuse_ok` allows it; only the batching of the prompt
-changes. Retrieval rows record ``reused_tokens``.
+its prompt cache, where :func:`prefix_reuse_ok` allows it, from a batch boundary, so that
+the logits are those of a prefill from empty. Retrieval rows record ``reused_tokens``.
 """
 
 from __future__ import annotations
@@ -191,11 +191,11 @@ def prefix_reuse_ok(llm: Any) -> bool:
     are chosen by batch size, and a CUDA build offloads large batches even with no layer
     offloaded), no sliding-window layers (their cache drops positions older than the window,
     ``llama_model_n_swa``) and static k (dynamic k re-rotates the cached keys as the sequence
-    grows). Only the batching of the prompt then changes; tests/test_eval_decoder.py shows the
-    logits bit for bit equal to a prefill from empty (tiny F32 model, NTK-mixed + log-n and YaRN
-    beyond L), tests/test_eval_ruler.py the answers on SmolLM2 (Q4_1). A weight type whose CPU
-    kernel depends on the batch (the repacked Q4_0/Q4_K layouts) may differ in float rounding,
-    as llama.cpp's results do between two n_ubatch."""
+    grows). The prefix kept ends on a batch boundary (:meth:`Decoder.keep_prefix`), so every
+    batch decoded is one that a prefill from empty decodes too: tests/test_eval_decoder.py shows
+    the logits bit for bit equal (tiny model, NTK-mixed + log-n and YaRN beyond L),
+    tests/test_eval_ruler.py the answers on SmolLM2. (A prefix kept off the batch boundary
+    changed 3 of 10 greedy answers of SmolLM2 at 16384 tokens, docs/results.md.)"""
     import llama_cpp
 
     from ..runtime import dynamic_in_use, has_dynamic, has_gpu
@@ -254,15 +254,18 @@ class Decoder:
         self._kv = []
 
     def keep_prefix(self, tokens: Sequence[int]) -> int:
-        """Keep in the KV cache the longest prefix of ``tokens`` that it holds at positions 0..
-        (at most ``len(tokens) - 1`` tokens, so that one is left to decode for its logits), drop
-        the rest of the sequence, and return the prefix's length; 0 when nothing is kept (the
-        cache is then empty). Decode ``tokens[n:]`` at ``n`` next."""
+        """Keep in the KV cache the longest prefix of ``tokens`` that it holds at positions 0..,
+        cut down to a multiple of n_batch (so that the rest is decoded in the batches, and
+        llama.cpp's ubatches, of a prefill from empty: same shapes, same kernels, same
+        rounding) and to at most ``len(tokens) - 1`` tokens (one is left to decode for its
+        logits); drop the rest of the sequence and return the prefix's length, 0 when nothing is
+        kept (the cache is then empty). Decode ``tokens[n:]`` at ``n`` next."""
         kv, n = self._kv or [], min(len(self._kv or []), len(tokens) - 1)
         p = 0
         if n > 0:
             diff = np.flatnonzero(np.asarray(kv[:n]) != np.asarray(tokens[:n]))
             p = int(diff[0]) if diff.size else n
+            p -= p % self.n_batch
         if p == 0 or not self.lc.llama_memory_seq_rm(self.lc.llama_get_memory(self.ctx), 0, p, -1):
             self.clear()
             return 0
