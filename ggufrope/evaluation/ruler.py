@@ -368,8 +368,8 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((s, toks))
     # deepest needle first: each prompt then shares its filler up to its own needle with the one
-    # before, which the decoder keeps where it may (Decoder.reuse_prefix)
-    order = sorted(range(samples), key=lambda i: -built[i][0].depth) if dec.reuse_prefix else range(samples)
+    # before, which the decoder keeps where it may (Decoder.reuse_prefix); cwe/fwe have no depth
+    order = sorted(range(samples), key=lambda i: -(built[i][0].depth or 0.0)) if dec.reuse_prefix else range(samples)
     rows: list[dict[str, Any]] = []
     with tqdm(total=samples, unit="sample", desc=desc or task, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
