@@ -260,7 +260,8 @@ class Decoder:
         rounding) and to at most ``len(tokens) - 1`` tokens (one is left to decode for its
         logits); drop the rest of the sequence and return the prefix's length, 0 when nothing is
         kept (the cache is then empty). Decode ``tokens[n:]`` at ``n`` next."""
-        kv, n = self._kv or [], min(len(self._kv or []), len(tokens) - 1)
+        kv = self._kv or []
+        n = min(len(kv), len(tokens) - 1)
         p = 0
         if n > 0:
             diff = np.flatnonzero(np.asarray(kv[:n]) != np.asarray(tokens[:n]))
@@ -341,6 +342,16 @@ def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128) -> np.n
         lse = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
         out[s : s + block] = lse - x[np.arange(len(x)), targets[s : s + block]]
     return out
+
+
+def answer_order(dec: Decoder, depths: Sequence[float | None]) -> list[int]:
+    """The order in which to answer prompts whose needles sit at ``depths`` (0..1; None: no
+    needle, counted as 0): with ``dec.reuse_prefix`` deepest first, so that each prompt shares
+    its filler up to its own needle with the one answered before it (:meth:`Decoder.keep_prefix`),
+    else as given."""
+    if not dec.reuse_prefix:
+        return list(range(len(depths)))
+    return sorted(range(len(depths)), key=lambda i: -(depths[i] or 0.0))
 
 
 def greedy_answer(dec: Decoder, tokens: Sequence[int], n_gen: int = DEFAULT_N_GEN) -> str:

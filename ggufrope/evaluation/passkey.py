@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import GGUFRopeError
-from .decoder import DEFAULT_N_GEN, Decoder, greedy_answer
+from .decoder import DEFAULT_N_GEN, Decoder, answer_order, greedy_answer
 
 PASSKEY_TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -113,25 +113,19 @@ def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
         if keep_last is not None:
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((key, depth, toks, n_fill))
-    # deepest key first, so that each prompt shares its filler up to its own key with the one
-    # before (kept by the decoder where it may: Decoder.reuse_prefix)
-    order = sorted(range(trials), key=lambda t: -built[t][1]) if dec.reuse_prefix else range(trials)
-    rows: list[dict[str, Any]] = [{}] * trials
-    done = 0
+    done: dict[int, dict[str, Any]] = {}
     with tqdm(total=trials, unit="trial", desc=desc, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
-        for t in order:
+        for t in answer_order(dec, [depth for _, depth, _, _ in built]):
             t0 = time.perf_counter()
             key, depth, toks, n_fill = built[t]
             answer = greedy_answer(dec, toks, n_gen)
-            ok = str(key) in answer
-            rows[t] = {"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
-                       "prompt_tokens": len(toks), "answer": answer, "correct": ok,
+            done[t] = {"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
+                       "prompt_tokens": len(toks), "answer": answer, "correct": str(key) in answer,
                        "seconds": time.perf_counter() - t0, "reused_tokens": dec.last_reused}
-            done += ok
-            bar.set_postfix(acc=f"{done}/{sum(1 for r in rows if r)}")
+            bar.set_postfix(acc=f"{sum(r['correct'] for r in done.values())}/{len(done)}")
             bar.update(1)
-    return summarize_passkey(rows)
+    return summarize_passkey([done[t] for t in range(trials)])
 
 
 def summarize_passkey(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -350,7 +350,7 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
     seconds), ``seconds``. Raises GGUFRopeError when the task or length is impossible."""
     from tqdm import tqdm
 
-    from .decoder import greedy_answer
+    from .decoder import answer_order, greedy_answer
 
     if task not in N_GEN:
         raise GGUFRopeError(f"unknown RULER-lite task {task!r} (tasks: {', '.join(TASKS)})")
@@ -367,9 +367,7 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
         if keep_last is not None:
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((s, toks))
-    # deepest needle first: each prompt then shares its filler up to its own needle with the one
-    # before, which the decoder keeps where it may (Decoder.reuse_prefix); cwe/fwe have no depth
-    order = sorted(range(samples), key=lambda i: -(built[i][0].depth or 0.0)) if dec.reuse_prefix else range(samples)
+    order = answer_order(dec, [s.depth for s, _ in built])  # cwe/fwe have no depth
     rows: list[dict[str, Any]] = []
     with tqdm(total=samples, unit="sample", desc=desc or task, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
