@@ -80,6 +80,41 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
     assert "| YaRN | – / – |" in (out / "results.md").read_text()
 
 
+def test_compare_attn_factor_scales_every_row_and_names_it(patched_lib, smollm2, text_slice, tmp_path):
+    """--attn-factor S (llama.cpp's yarn_attn_factor, what tune searches) reaches the library on
+    every row, keys its own units, names the rows and the command; with yarn it is refused."""
+    from click.testing import CliRunner
+
+    from ggufrope.cli import main
+
+    txt = tmp_path / "slice.txt"
+    txt.write_text(text_slice[:2500], encoding="utf-8")
+    base = ["eval", "compare", str(smollm2), "--n-ctx", "256", "--methods", "none,ntk-mixed", "--logn", "off",
+            "-k", "2", "--text", str(txt), "--trials", "0", "--cache", str(tmp_path / "cache"), "-q",
+            "-t", str(THREADS)]
+    runner = CliRunner()
+    r1 = runner.invoke(main, base + ["--out", str(tmp_path / "plain")])
+    assert r1.exit_code == 0, r1.output
+    r2 = runner.invoke(main, base + ["--out", str(tmp_path / "scaled"), "--attn-factor", "1.2"])
+    assert r2.exit_code == 0, r2.output
+    assert "units: 2 computed, 0 from the cache" in r2.output  # not the s = 1 units
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())
+    scaled = json.loads((tmp_path / "scaled" / "results.json").read_text())
+    assert "attn_factor" not in plain["grid"] and scaled["grid"]["attn_factor"] == 1.2
+    for p, s in zip(plain["cells"], scaled["cells"]):
+        assert s["label"].endswith("attn×1.2") and not p["label"].endswith("attn×1.2")
+        assert s["ppl"] != p["ppl"] and s["ppl"] > 1  # the logits scaled by 1.44 on both rows
+    md = (tmp_path / "scaled" / "results.md").read_text()
+    assert "| Baseline attn×1.2 |" in md and "| NTK-RoPE-mixed (b=0.625) attn×1.2 |" in md
+    assert "--attn-factor 1.2" in scaled["command"]
+
+    r3 = runner.invoke(main, [a if a != "none,ntk-mixed" else "none,yarn" for a in base]
+                       + ["--out", str(tmp_path / "y"), "--attn-factor", "1.2"])
+    assert r3.exit_code != 0 and r3.exception is None or isinstance(r3.exception, SystemExit)
+    assert "yarn scales attention itself" in r3.output and "Traceback" not in r3.output
+    assert not (tmp_path / "y" / "results.json").exists()
+
+
 def test_report_only_keeps_the_cached_documents_of_a_partly_run_cell(patched_lib, smollm2, text_slice, tmp_path):
     """A cell with some documents not run yet: no pooled value (it would not be comparable with the
     other rows), but the per-document table shows the documents that are cached."""
@@ -148,7 +183,8 @@ def _report_only_rerun(model, pub: dict, tmp_path):
     assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
     return EG.run_compare(
         model, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
-        dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"], texts=texts,
+        dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"],
+        attn_factor=g.get("attn_factor", 1.0), texts=texts,
         max_windows=g["max_windows"], score_from=g["score_from"], trials=g["trials"], seed=g["seed"],
         depths=g["depths"], n_gen=g["n_gen"], ruler_tasks=g.get("ruler_tasks", ()), samples=g.get("samples", 10),
         out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,

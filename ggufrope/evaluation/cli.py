@@ -285,6 +285,9 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
               help="Ratio r > 1 of the dynamic rows' schedule (k = r^e). Left out: 2.")
 @click.option("--b", "--exponent", "exponent", type=float, default=0.625, show_default=True, metavar="B",
               help="Exponent b of ntk-mixed.")
+@click.option("--attn-factor", "attn_factor", type=float, default=1.0, show_default=True, metavar="S",
+              help="Constant attention scale s > 0 on every row (llama.cpp's yarn_attn_factor: logits times s^2), "
+                   "as `ggufrope tune` searches it; not with yarn, which scales attention itself.")
 @click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
               help="Perplexity texts (repeatable). Default: every long corpus document.")
 @click.option("--no-ppl", is_flag=True, help="Skip perplexity (passkey only).")
@@ -310,7 +313,7 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
-                     dynamic_ratio: float | None, exponent: float,
+                     dynamic_ratio: float | None, exponent: float, attn_factor: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
                      seed: int, depths: str, tasks_spec: str | None, samples: int, truncation: bool, out_dir: str,
                      cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
@@ -337,7 +340,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     dyns = parse_logn(dynamic_spec, "--dynamic")
     ds = parse_depths(depths)
     for m in ms:  # the registry's checks of k and b, before anything runs
-        Setting.for_grid(m, factor, exponent, False)
+        Setting.for_grid(m, factor, exponent, False, attn_factor=attn_factor)
         if dynamic_ratio is not None and True in dyns and M.entry(m).supports_dynamic:
             Setting.for_grid(m, None, exponent, False, True, dynamic_ratio)
     if not grid_configs(ctxs, ms, lns, dyns):
@@ -357,6 +360,8 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
     if dynamic_ratio is not None:
         argv += ["--dynamic-ratio", f"{dynamic_ratio:.9g}"]
     argv += ["--b", f"{exponent:g}"]
+    if attn_factor != 1.0:
+        argv += ["--attn-factor", f"{attn_factor:g}"]
     if no_ppl:
         argv += ["--no-ppl"]
     else:
@@ -377,7 +382,7 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
         argv += ["--report-only"]
     res, stats = run_compare(
         model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, dynamic_ratio=dynamic_ratio, factor=factor,
-        exponent=exponent, texts=txts,
+        exponent=exponent, attn_factor=attn_factor, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, ruler_tasks=tasks,
         samples=samples, truncation=truncation, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,

@@ -81,6 +81,7 @@ def run_compare(
     dynamic_ratio: float | None = None,
     factor: float | None = None,
     exponent: float = DEFAULT_EXPONENT,
+    attn_factor: float = 1.0,
     texts: Sequence[Text] = (),
     max_windows: int | None = 1,
     score_from: int | None = None,
@@ -112,7 +113,9 @@ def run_compare(
     cached, whichever build computed them (``results.json`` counts the units per build); a cell
     whose units are missing is reported as not run (None).
     ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only), with the
-    schedule's ratio ``dynamic_ratio`` (None: the library's 2). ``ruler_tasks``: RULER-lite
+    schedule's ratio ``dynamic_ratio`` (None: the library's 2). ``attn_factor``: a constant
+    attention scale s on every row (:class:`Setting`; s != 1 with ``yarn`` raises
+    :class:`GGUFRopeError`), not on the truncation rows. ``ruler_tasks``: RULER-lite
     tasks (:mod:`ggufrope.evaluation.ruler`), ``samples`` each. ``truncation``: for every
     context beyond L with retrieval (passkey or RULER-lite), the truncation baseline row
     ``truncate``: the same prompts cut to their last L tokens, method none at L."""
@@ -133,7 +136,7 @@ def run_compare(
     none = Setting("none")
     jobs: list[tuple[tuple, Callable[[], dict[str, Any] | None]]] = []
     for c, m, ln, dyn in configs:
-        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
+        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio, attn_factor)
         for t in texts:
             jobs.append(((m, ln, dyn, c, "ppl", t.name), lambda st=st, c=c, t=t: runner.ppl(
                 st, c, t, score_from=score_from, max_windows=max_windows)))
@@ -169,7 +172,7 @@ def run_compare(
 
     cells = []
     for c, m, ln, dyn in configs:
-        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio)
+        st = Setting.for_grid(m, factor, exponent, ln, dyn, dynamic_ratio, attn_factor)
         got = {t.name: results.get((m, ln, dyn, c, "ppl", t.name)) for t in texts}
         docs = {n: d for n, d in got.items() if d is not None}
         # report_only and some text not run: its per-text cells stay, but no partial pooled value
@@ -207,7 +210,8 @@ def run_compare(
         "model": {**fp, "path": os.fspath(model), "n_ctx_orig": L},
         "grid": {"n_ctx": list(n_ctxs), "methods": list(methods), "logn": list(logn_modes),
                  "dynamic": list(dynamic_modes), "dynamic_ratio": dynamic_ratio, "factor": factor,
-                 "exponent": exponent, "texts": [{"name": t.name, "sha256": t.sha256} for t in texts],
+                 "exponent": exponent, **({"attn_factor": attn_factor} if attn_factor != 1.0 else {}),
+                 "texts": [{"name": t.name, "sha256": t.sha256} for t in texts],
                  "max_windows": max_windows, "score_from": score_from, "trials": trials, "seed": seed,
                  "depths": None if depths is None else list(depths), "n_gen": n_gen,
                  "n_batch": n_batch, "gpu_layers": gpu_layers,

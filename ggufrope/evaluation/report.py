@@ -18,11 +18,12 @@ SEED_NAMES = {
 }
 
 
-def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False) -> str:
+def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False, attn_factor: float = 1.0) -> str:
     name = SEED_NAMES.get(method, method)
     if method == "ntk-mixed" and exponent is not None:
         name += f" (b={exponent:g})"
-    return name + (" dyn" if dynamic else "") + (" + log n" if logn else "")
+    return (name + (" dyn" if dynamic else "") + (" + log n" if logn else "")
+            + (f" attn×{attn_factor:g}" if attn_factor != 1.0 else ""))
 
 
 def markdown_table(res: dict[str, Any]) -> str:
@@ -51,7 +52,7 @@ def markdown_table(res: dict[str, Any]) -> str:
                 p = "–"
             a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
             cells.append(f"{p} / {a}")
-        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn)} | "
+        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn, g.get('attn_factor', 1.0))} | "
                      + " | ".join(cells) + " |")
     notes = [
         "",
@@ -64,6 +65,9 @@ def markdown_table(res: dict[str, Any]) -> str:
     ks = sorted({(c["n_ctx"], c["factor"]) for c in res["cells"] if c["factor"] is not None})
     if ks:
         notes.append("Factor k per context: " + ", ".join(f"{c}: k = {k:g}" for c, k in sorted(set(ks))) + ".")
+    if g.get("attn_factor", 1.0) != 1.0:
+        notes.append(f"attn×{g['attn_factor']:g}: a constant attention scale s on every method row (llama.cpp's "
+                     "yarn_attn_factor: cos/sin of Q and K times s, logits times s²).")
     if any(c.get("dynamic") for c in res["cells"]):
         notes.append(f"dyn: {dynamic_words()} (llama.cpp chooses k as each window fills; no fixed k).")
     texts = ", ".join(t["name"] for t in g["texts"]) or "none"
@@ -128,7 +132,8 @@ def _rows(res: dict[str, Any]) -> list[tuple[str, bool, bool]]:
 def _name(res: dict[str, Any], m: str, ln: bool, dyn: bool) -> str:
     if m == "truncate":
         return f"Truncation baseline (last L = {res['model']['n_ctx_orig']} tokens, none)"
-    return _row_name(m, ln, res["grid"]["exponent"] if m == "ntk-mixed" else None, dyn)
+    g = res["grid"]
+    return _row_name(m, ln, g["exponent"] if m == "ntk-mixed" else None, dyn, g.get("attn_factor", 1.0))
 
 
 def ppl_by_text_table(res: dict[str, Any]) -> str:
