@@ -75,3 +75,39 @@ def test_retrieval_table_note_names_only_the_tasks_run():
     assert md.splitlines()[0] == "| method | niah_single @ 16384 |"
     assert "(higher is better; – = not run): RULER-lite string_match_all over 10 samples a cell." in md
     assert "passkey" not in md
+
+
+def test_relative_ppl_against_yarn_or_the_lowest_row():
+    ref, rows = ER.relative_ppl(_res())
+    assert ref == "YaRN"  # YaRN is run on both documents
+    # verse: 9.75 / 10 = 0.975; tech: not run for ntk-mixed; no row for the truncation baseline
+    assert rows == [("YaRN", [1.0, 1.0]), ("NTK-RoPE-mixed (b=0.625)", [0.975, None])]
+
+    res = _res()
+    del res["cells"][0]["ppl_by_text"]["tech"]  # YaRN not run on tech: the lowest row per document
+    res["cells"][1]["ppl_by_text"]["tech"] = {"ppl": 6.0, "ppl_beyond": 6.0, "ppl_within": None, "windows": 1}
+    ref, rows = ER.relative_ppl(res)
+    assert ref == "the lowest row on each document"
+    assert rows == [("YaRN", [10.0 / 9.75, None]), ("NTK-RoPE-mixed (b=0.625)", [1.0, 1.0])]
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_plot_one_context_is_rows_beside_retrieval_several_contexts_are_lines(tmp_path):
+    one = _res()
+    ER.plot(one, tmp_path / "rows.png")
+    w_rows, _ = _png_size(tmp_path / "rows.png")
+    assert w_rows > 1000  # two panels: perplexity against YaRN per document, retrieval scores
+
+    lines = _res()
+    lines["grid"]["n_ctx"] = [8192, 16384]
+    lines["cells"] = [c for c in lines["cells"] if c["method"] != "truncate"]
+    for c in lines["cells"]:
+        c["ppl_beyond"] = c["ppl_by_text"]["verse"]["ppl_beyond"]
+    lines["cells"] += [{**c, "n_ctx": 8192, "ppl_beyond": None, "ppl": 7.0} for c in list(lines["cells"])]
+    ER.plot(lines, tmp_path / "lines.png")
+    assert _png_size(tmp_path / "lines.png") == (600, 400)  # perplexity against context

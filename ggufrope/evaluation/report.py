@@ -83,12 +83,115 @@ def markdown_table(res: dict[str, Any]) -> str:
     return "\n".join(lines + notes) + "\n"
 
 
+def relative_ppl(res: dict[str, Any]) -> tuple[str, list[tuple[str, list[float | None]]]]:
+    """For a grid of one context: each row's perplexity beyond L per document (the grid's texts,
+    in order) divided by the reference row's on the same document: YaRN (static, no log n) where
+    the grid has it run on every document, else the lowest row on each document. Returns
+    (reference name, [(row name, [ratio or None where not run, per document])]), the rows that
+    have at least one document run, in report order (the truncation baseline has no perplexity)."""
+    texts = [t["name"] for t in res["grid"]["texts"]]
+    c0 = res["grid"]["n_ctx"][0]
+    by = {(c["method"], c["logn"], c.get("dynamic", False)): c for c in res["cells"] if c["n_ctx"] == c0}
+
+    def beyond(key: tuple, t: str) -> float | None:
+        d = (by.get(key) or {}).get("ppl_by_text", {}).get(t) or {}
+        return d.get("ppl_beyond")
+
+    rows = [r for r in _rows(res) if r[0] != "truncate"]
+    ref_key = ("yarn", False, False)
+    if all(beyond(ref_key, t) is not None for t in texts):
+        ref_name, ref = "YaRN", [beyond(ref_key, t) for t in texts]
+    else:
+        ref_name = "the lowest row on each document"
+        ref = [min((v for r in rows if (v := beyond(r, t)) is not None), default=None) for t in texts]
+    out = []
+    for r in rows:
+        vals = [beyond(r, t) for t in texts]
+        if any(v is not None for v in vals):
+            out.append((_name(res, *r), [None if v is None or b is None else v / b for v, b in zip(vals, ref)]))
+    return ref_name, out
+
+
+def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
+    """One context: per row, perplexity beyond L in % against the reference on each document
+    (:func:`relative_ppl`; rows far off are clipped at the axis and labelled) and, where the
+    grid has retrieval, the retrieval scores."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    g = res["grid"]
+    texts = [t["name"] for t in g["texts"]]
+    ref_name, rel = relative_ppl(res)
+    if ref_name != "YaRN" and len(rel) < 2:
+        rel = []  # one row against itself says nothing
+    tasks = (["passkey"] if g.get("trials") else []) + list(g.get("ruler_tasks", []))
+    by = {(c["method"], c["logn"], c.get("dynamic", False)): c for c in res["cells"]}
+    ret = []
+    for r in _rows(res):
+        cell = by.get(r) or {}
+        vals = [cell.get("passkey_accuracy") and 100 * cell["passkey_accuracy"] if t == "passkey" else
+                ((cell.get("ruler") or {}).get(t) or {}).get("score") for t in tasks]
+        if any(v is not None for v in vals):
+            ret.append((_name(res, *r), vals))
+    panels = [p for p in (rel, ret) if p]
+    if not panels:
+        return _plot_lines(res, path)
+    names = list(dict.fromkeys([n for p in panels for n, _ in p]))
+    y = np.arange(len(names))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.32 * len(names) + 1.6), dpi=100,
+                             sharey=True, squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # perplexity as % against the reference; the axis shows the close rows, a far one is clipped
+    # at the edge and labelled with its value
+    pct = [(n, [None if v is None else 100 * (v - 1) for v in vs]) for n, vs in rel]
+    near = [abs(v) for _, vs in pct for v in vs if v is not None and abs(v) < 50]
+    lim = max(5.0, 1.15 * max(near, default=5.0))
+    for ax, panel, cols in zip(axes[0], [p for p in (pct, ret) if p], [texts, tasks] if rel else [tasks]):
+        vals = dict(panel)
+        h = 0.8 / len(cols)
+        for j, col in enumerate(cols):
+            pts = [(yy - 0.4 + h * (j + 0.5), vals[n][j]) for yy, n in zip(y, names)
+                   if n in vals and vals[n][j] is not None]
+            shown = [max(-lim, min(lim, x)) for _, x in pts] if panel is pct else [x for _, x in pts]
+            ax.barh([yy for yy, _ in pts], shown, height=h, color=colors[j % len(colors)], label=col)
+            for (yy, x), xs in zip(pts, shown):
+                if panel is not pct:
+                    ax.text(xs + 1, yy, f"{x:.0f}", va="center", fontsize=6)
+                elif x != xs:
+                    ax.text(xs - 0.02 * lim if x > 0 else xs + 0.02 * lim, yy, f"{x:+.0f} %", va="center",
+                            ha="right" if x > 0 else "left", fontsize=6, color="white")
+        if panel is pct:
+            ax.set_xlim(-lim, lim)
+            ax.axvline(0.0, color="gray", linewidth=0.8)
+            ax.set_xlabel(f"perplexity beyond L, % against {ref_name} (lower is better)")
+        else:
+            ax.set_xlim(0, 108)
+            ax.set_xlabel("retrieval score, % (higher is better)")
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=len(cols), frameon=False)
+        ax.grid(axis="x", linewidth=0.3)
+    axes[0][0].set_yticks(y, names, fontsize=7)
+    axes[0][0].invert_yaxis()
+    fig.suptitle(f"{res['model']['name']} (L = {res['model']['n_ctx_orig']}), n_ctx {g['n_ctx'][0]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
-    """Perplexity (beyond L, else over all scored tokens) against context, one line per method,
-    dashed with log-n. Small PNG, Agg backend."""
+    """The PNG of a grid (Agg backend, small). Several contexts: perplexity (beyond L, else over all
+    scored tokens) against context, one line per method, dashed with log-n. One context with
+    several documents or retrieval: per row, bars of perplexity beyond L in % against YaRN on each
+    document (:func:`relative_ppl`) beside the retrieval scores."""
     import matplotlib
 
     matplotlib.use("Agg")
+    g = res["grid"]
+    if len(g["n_ctx"]) == 1 and (len(g["texts"]) > 1 or g.get("ruler_tasks")):
+        return _plot_rows(res, path)
+    return _plot_lines(res, path)
+
+
+def _plot_lines(res: dict[str, Any], path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     L = res["model"]["n_ctx_orig"]
@@ -118,6 +221,7 @@ def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
     plt.close(fig)
 
 
