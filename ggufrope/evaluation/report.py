@@ -124,29 +124,24 @@ def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
     ref_name, rel = relative_ppl(res)
     if ref_name != "YaRN" and len(rel) < 2:
         rel = []  # one row against itself says nothing
-    tasks = (["passkey"] if g.get("trials") else []) + list(g.get("ruler_tasks", []))
+    tasks = _retrieval_tasks(g)
     by = {(c["method"], c["logn"], c.get("dynamic", False)): c for c in res["cells"]}
-    ret = []
-    for r in _rows(res):
-        cell = by.get(r) or {}
-        vals = [cell.get("passkey_accuracy") and 100 * cell["passkey_accuracy"] if t == "passkey" else
-                ((cell.get("ruler") or {}).get(t) or {}).get("score") for t in tasks]
-        if any(v is not None for v in vals):
-            ret.append((_name(res, *r), vals))
-    panels = [p for p in (rel, ret) if p]
+    scores = [(r, _retrieval_scores(by.get(r) or {}, tasks)) for r in _rows(res)]
+    ret = [(_name(res, *r), vals) for r, vals in scores if any(v is not None for v in vals)]
+    # perplexity as % against the reference; the axis shows the close rows, a far one is clipped
+    # at the edge and labelled with its value
+    pct = [(n, [None if v is None else 100 * (v - 1) for v in vs]) for n, vs in rel]
+    panels = [(p, cols) for p, cols in ((pct, texts), (ret, tasks)) if p]
     if not panels:
         return _plot_lines(res, path)
-    names = list(dict.fromkeys([n for p in panels for n, _ in p]))
+    names = list(dict.fromkeys([n for p, _ in panels for n, _ in p]))
     y = np.arange(len(names))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.32 * len(names) + 1.6), dpi=100,
                              sharey=True, squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    # perplexity as % against the reference; the axis shows the close rows, a far one is clipped
-    # at the edge and labelled with its value
-    pct = [(n, [None if v is None else 100 * (v - 1) for v in vs]) for n, vs in rel]
     near = [abs(v) for _, vs in pct for v in vs if v is not None and abs(v) < 50]
     lim = max(5.0, 1.15 * max(near, default=5.0))
-    for ax, panel, cols in zip(axes[0], [p for p in (pct, ret) if p], [texts, tasks] if rel else [tasks]):
+    for ax, (panel, cols) in zip(axes[0], panels):
         vals = dict(panel)
         h = 0.8 / len(cols)
         for j, col in enumerate(cols):
@@ -222,7 +217,6 @@ def _plot_lines(res: dict[str, Any], path: str | os.PathLike) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
-    plt.close(fig)
 
 
 def _rows(res: dict[str, Any]) -> list[tuple[str, bool, bool]]:
@@ -269,11 +263,29 @@ def ppl_by_text_table(res: dict[str, Any]) -> str:
                               "– where none is scored), one window per document."]) + "\n"
 
 
+def _retrieval_tasks(g: dict[str, Any]) -> list[str]:
+    """The retrieval columns of grid ``g``: passkey (when it has trials), then its RULER-lite tasks."""
+    return (["passkey"] if g.get("trials") else []) + list(g.get("ruler_tasks", []))
+
+
+def _retrieval_scores(cell: dict[str, Any], tasks: list[str]) -> list[float | None]:
+    """A cell's score in percent per task (passkey: accuracy; RULER-lite: string_match_all), None
+    where not run."""
+    out: list[float | None] = []
+    for t in tasks:
+        if t == "passkey":
+            a = cell.get("passkey_accuracy")
+            out.append(None if a is None else 100 * a)
+        else:
+            out.append(((cell.get("ruler") or {}).get(t) or {}).get("score"))
+    return out
+
+
 def retrieval_table(res: dict[str, Any]) -> str:
     """Rows = methods and the truncation baseline, columns = context x task (passkey, RULER-lite
     tasks); cells = score in percent (RULER's string_match_all; passkey: accuracy)."""
     g = res["grid"]
-    tasks = (["passkey"] if g.get("trials") else []) + list(g.get("ruler_tasks", []))
+    tasks = _retrieval_tasks(g)
     ctxs = g["n_ctx"]
     L = res["model"]["n_ctx_orig"]
     by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
@@ -284,15 +296,8 @@ def retrieval_table(res: dict[str, Any]) -> str:
         cells = []
         for c in ctxs:
             cell = by.get((m, ln, dyn, c)) or {}
-            for t in tasks:
-                if t == "passkey":
-                    a = cell.get("passkey_accuracy")
-                    cells.append("–" if a is None else f"{100 * a:.0f}")
-                else:
-                    r = (cell.get("ruler") or {}).get(t)
-                    cells.append("–" if r is None else f"{r['score']:.0f}")
-                    if r is not None:
-                        controls.append(r["control"])
+            cells += ["–" if v is None else f"{v:.0f}" for v in _retrieval_scores(cell, tasks)]
+            controls += [r["control"] for t in tasks if (r := (cell.get("ruler") or {}).get(t)) is not None]
         lines.append(f"| {_name(res, m, ln, dyn)} | " + " | ".join(cells) + " |")
     n = g.get("samples") if g.get("ruler_tasks") else None
     what = ([f"passkey accuracy over {g['trials']} trials"] if g.get("trials") else []) + (
