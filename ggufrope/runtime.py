@@ -29,6 +29,7 @@ Method names, k and b are validated by the registry (:func:`ggufrope.methods.val
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 from dataclasses import dataclass, field, replace
@@ -107,11 +108,12 @@ def library_version() -> str | None:
     return f().decode()
 
 
+@functools.cache
 def has_gpu() -> bool:
     """Whether the loaded llama.cpp has a GPU device (ggml's ``GGML_BACKEND_DEVICE_TYPE_GPU`` or
     ``_IGPU``, through ``ggml_backend_dev_by_type``). Unlike ``llama_supports_gpu_offload``, which
     is also true for a CPU build with the RPC backend (llama-cpp-python builds one), it is false
-    on a CPU-only build."""
+    on a CPU-only build. Asked once per process: the loaded backends do not change."""
     import llama_cpp
 
     llama_cpp.llama_supports_gpu_offload()  # loads the backends, as llama.cpp does before it asks
