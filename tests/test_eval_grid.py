@@ -265,3 +265,58 @@ def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
         block = md.split(f"<!-- grid-{tag}:start -->", 1)[1].split(f"<!-- grid-{tag}:end -->", 1)[0]
         for line in lines:
             assert line in block, line
+
+
+
+#: rows of the summary table at the top of docs/results.md -> (report, cell label) in
+#: docs/results/v2 for 2xL and 4xL (None: no cell); tune's 2xL niah_single is its trial's
+SUMMARY_ROWS = {
+    "none (plain RoPE)": (("smollm2-2x", "none"), ("smollm2-4x", "none")),
+    "linear (PI; stock `--rope-scaling linear`)": (("smollm2-2x", "linear"), ("smollm2-4x", "linear")),
+    "YaRN (stock `--rope-scaling yarn`)": (("smollm2-2x", "yarn"), ("smollm2-4x", "yarn")),
+    "YaRN + log n": (("smollm2-2x", "yarn + log-n"), ("smollm2-4x", "yarn + log-n")),
+    "ntk (NTK-aware) + log n": (("smollm2-2x", "ntk + log-n"), ("smollm2-4x", "ntk + log-n")),
+    "ntk-fixed + log n": (("smollm2-2x", "ntk-fixed + log-n"), None),
+    "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
+    "ntk-mixed b = 0.625 + log n (seed 000's default)":
+        (("smollm2-2x", "ntk-mixed (b=0.625) + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) + log-n")),
+    "`tune`'s choice by perplexity (b = 0.75, attn ×1.035; at 4×L + log n)":
+        (("smollm2-2x-tuned", "ntk-mixed (b=0.75) attn×1.035"),
+         ("smollm2-4x-tuned", "ntk-mixed (b=0.75) + log-n attn×1.035")),
+    "truncation (the prompt cut to its last L tokens, none)": (("smollm2-2x", "truncate to L = 8192"), None),
+}
+
+
+def test_results_summary_is_the_published_reports():
+    """The summary table at the top of docs/results.md (typed by hand) says what the published v2
+    reports (results.json, checked against the units above) say: each perplexity cell is the
+    pooled perplexity beyond L to two decimals, `–` exactly where there is none yet; each
+    niah_single cell is the score. A unit computed without updating the summary fails here."""
+    v2 = ROOT / "docs" / "results" / "v2"
+
+    def cell(ref):
+        if ref is None:
+            return None
+        cells = json.loads((v2 / ref[0] / "results.json").read_text(encoding="utf-8"))["cells"]
+        (c,) = [c for c in cells if c["label"] == ref[1] and not c.get("dynamic")]
+        return c
+
+    def ppl(c) -> str:
+        return "–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"
+
+    tune = json.loads((ROOT / "docs" / "results" / "tune" / "smollm2-16384-retrieval" / "tune.json").read_text())
+    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    block = md.split("<!-- summary-smollm2:start -->", 1)[1].split("<!-- summary-smollm2:end -->", 1)[0]
+    seen = []
+    for ln in [x for x in block.splitlines() if x.startswith("| ")][1:]:  # after the header
+        name, ppl2, niah2, ppl4 = (x.strip().replace("**", "") for x in ln.strip("|").split("|"))
+        seen.append(name)
+        c2, c4 = (cell(ref) for ref in SUMMARY_ROWS[name])
+        assert (ppl2, ppl4) == (ppl(c2), ppl(c4)), name
+        if "niah_single" in c2.get("ruler", {}):
+            score = c2["ruler"]["niah_single"]["score"]
+        else:  # the tuned setting: tune --retrieval scored it (same prompts, seed 0, 10 samples)
+            (t,) = [t for t in tune["trials"] if t["label"] == "ntk-mixed (b=0.75) k=2 attn×1.035"]
+            score = t["niah_single"]
+        assert niah2 == f"{score:g} %", name
+    assert seen == list(SUMMARY_ROWS)
