@@ -74,13 +74,11 @@ def count_tokens(model_path: str | os.PathLike, text: str, *, add_bos: bool = Tr
     try:
         vocab = llama_cpp.llama_model_get_vocab(model)
         raw = text.encode("utf-8")
+        # no buffer: llama_tokenize returns the count negated (llama.h), or INT32_MIN on overflow
         n = llama_cpp.llama_tokenize(vocab, raw, len(raw), None, 0, add_bos, False)
-        if n < 0:  # the count, negated, when the buffer is too small
-            buf = (llama_cpp.llama_token * -n)()
-            n = llama_cpp.llama_tokenize(vocab, raw, len(raw), buf, -n, add_bos, False)
-        if n < 0:
-            raise GGUFRopeError(f"llama.cpp could not tokenize the text ({n})")
-        return n
+        if n == -(2**31):
+            raise GGUFRopeError("llama.cpp could not tokenize the text (more than 2^31 tokens)")
+        return -n
     finally:
         llama_cpp.llama_model_free(model)
 
