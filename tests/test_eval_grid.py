@@ -275,6 +275,7 @@ SUMMARY_ROWS = {
     "linear (PI; stock `--rope-scaling linear`)": (("smollm2-2x", "linear"), ("smollm2-4x", "linear")),
     "YaRN (stock `--rope-scaling yarn`)": (("smollm2-2x", "yarn"), ("smollm2-4x", "yarn")),
     "YaRN + log n": (("smollm2-2x", "yarn + log-n"), ("smollm2-4x", "yarn + log-n")),
+    "ntk (NTK-aware)": (("smollm2-2x", "ntk"), ("smollm2-4x", "ntk")),
     "ntk (NTK-aware) + log n": (("smollm2-2x", "ntk + log-n"), ("smollm2-4x", "ntk + log-n")),
     "ntk-fixed + log n": (("smollm2-2x", "ntk-fixed + log-n"), None),
     "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
