@@ -7,6 +7,7 @@
 #   make tools        the patched llama-server, llama-cli, llama-perplexity, llama-bench, ggml-rpc-server
 #                     into build/tools/bin (CPU; CUDA=1 for CUDA; UI=1 builds the server's web UI with npm)
 #   make results-report  docs/results/ (table, JSON, plot) from the committed per-unit results
+#   make results-v2-report  docs/results/v2/*/ the same way, and their tables quoted in docs/results.md
 
 PYTHON   ?= python3
 VENV     := .venv
@@ -20,7 +21,7 @@ DEMO_NCTX_gemma3  := 40960
 DEMO_NCTX := $(DEMO_NCTX_$(MODEL))
 NPROC    := $(shell nproc)
 
-.PHONY: all venv build stock tools model demo test test-slow results-report results-dynamic-report cuda-compile test-backend-ops gpu-check clean distclean
+.PHONY: all venv build stock tools model demo test test-slow results-report results-dynamic-report results-v2-report cuda-compile test-backend-ops gpu-check clean distclean
 
 all: build
 
@@ -82,6 +83,11 @@ results-dynamic-report: build
 	  $(VENV)/bin/ggufrope eval compare "$$($(PY) -m ggufrope.models)" --methods none,ntk-mixed --logn off --dynamic both \
 	    -k 2 -c 8192 --trials 0 --text $$t --cache docs/results/cache --out docs/results/dynamic/$$t-within-L --report-only -q || exit 1; \
 	done
+
+# issue 15: the grids on three documents (docs/results/v2/*), rewritten from the committed units, computing
+# nothing, and their tables quoted in docs/results.md between <!-- grid-NAME:start/end --> markers
+results-v2-report: build
+	$(PY) -m ggufrope.evaluation.publish
 
 # compile the patched CUDA rope sources with nvcc (no GPU needed); see native/cuda-compile.sh
 cuda-compile: build

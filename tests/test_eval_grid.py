@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ggufrope.evaluation import grid as EG, ppl as EP, report as ER
+from ggufrope.evaluation import grid as EG, ppl as EP, publish, report as ER
 
 pytestmark = pytest.mark.real_model
 
@@ -177,19 +177,9 @@ def _report_only_rerun(model, pub: dict, tmp_path):
     results.json ``pub``: (results, stats)."""
     import shutil
 
-    g = pub["grid"]
     shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
                     ignore=shutil.ignore_patterns("model-sha256.json"))
-    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
-    assert [t.sha256 for t in texts] == [t["sha256"] for t in g["texts"]]
-    return EG.run_compare(
-        model, n_ctxs=g["n_ctx"], methods=g["methods"], logn_modes=g["logn"], dynamic_modes=g["dynamic"],
-        dynamic_ratio=g.get("dynamic_ratio"), factor=g["factor"], exponent=g["exponent"],
-        attn_factor=g.get("attn_factor", 1.0), texts=texts,
-        max_windows=g["max_windows"], score_from=g["score_from"], trials=g["trials"], seed=g["seed"],
-        depths=g["depths"], n_gen=g["n_gen"], ruler_tasks=g.get("ruler_tasks", ()), samples=g.get("samples", 10),
-        out_dir=tmp_path / "out", cache_dir=tmp_path / "cache", report_only=True, progress=False,
-    )
+    return publish.rerun(model, pub, cache_dir=tmp_path / "cache", out_dir=tmp_path / "out")
 
 
 def test_published_results_are_the_cached_units(smollm2, tmp_path):
@@ -256,15 +246,17 @@ def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
                  if pub["grid"].get("ruler_tasks") else [])
     for line in [ln for ln in ER.markdown_table(res).splitlines() if ln.startswith("| ")] + by_text + retrieval:
         assert line in table, line
-    if name in V2_NOT_QUOTED:
-        return
     md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    for tag, lines in ((name, by_text), (f"{name}-retrieval", retrieval)):
-        if not lines:
-            continue
-        block = md.split(f"<!-- grid-{tag}:start -->", 1)[1].split(f"<!-- grid-{tag}:end -->", 1)[0]
-        for line in lines:
-            assert line in block, line
+    blocks = publish.quoted_blocks(name, res)
+    assert set(blocks) == {name} | ({f"{name}-retrieval"} if retrieval else set())
+    if name in V2_NOT_QUOTED:
+        assert f"<!-- grid-{name}:start -->" not in md
+        return
+    for tag, body in blocks.items():
+        # what `make results-v2-report` writes there, the count of windows under the table included
+        block = md.split(f"<!-- grid-{tag}:start -->\n", 1)[1].split(f"\n<!-- grid-{tag}:end -->", 1)[0]
+        assert block == body
+        assert all(line in block for line in (by_text if tag == name else retrieval))
 
 
 

@@ -234,6 +234,24 @@ def _name(res: dict[str, Any], m: str, ln: bool, dyn: bool) -> str:
     return _row_name(m, ln, g["exponent"] if m == "ntk-mixed" else None, dyn, g.get("attn_factor", 1.0))
 
 
+def _ppl_by_text(res: dict[str, Any]) -> list[tuple[str, list[dict[str, Any] | None]]]:
+    """Per row of the per-document table (the truncation row left out): its name and, per
+    context x document, the cell's ``ppl_by_text`` entry (None: not run)."""
+    g = res["grid"]
+    texts = [t["name"] for t in g["texts"]]
+    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
+    return [(_name(res, m, ln, dyn), [((by.get((m, ln, dyn, c)) or {}).get("ppl_by_text") or {}).get(t) or None
+                                      for c in g["n_ctx"] for t in texts])
+            for m, ln, dyn in _rows(res) if m != "truncate"]
+
+
+def ppl_windows(res: dict[str, Any]) -> tuple[int, int]:
+    """(windows with a result, windows) of :func:`ppl_by_text_table`: one window per row x
+    context x document."""
+    cells = [d for _, row in _ppl_by_text(res) for d in row]
+    return sum(d is not None for d in cells), len(cells)
+
+
 def ppl_by_text_table(res: dict[str, Any]) -> str:
     """Rows = methods, columns = context x document; cells = perplexity beyond L / within L
     (tokens predicted from positions < L, when the grid scores any: ``--score-from`` < L)."""
@@ -241,23 +259,13 @@ def ppl_by_text_table(res: dict[str, Any]) -> str:
     texts = [t["name"] for t in g["texts"]]
     ctxs = g["n_ctx"]
     L = res["model"]["n_ctx_orig"]
-    by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
     head = ["method"] + [f"{t} @ {c} ({c / L:.3g}×L)" for c in ctxs for t in texts]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    for m, ln, dyn in _rows(res):
-        if m == "truncate":
-            continue
-        cells = []
-        for c in ctxs:
-            cell = by.get((m, ln, dyn, c))
-            for t in texts:
-                d = (cell or {}).get("ppl_by_text", {}).get(t)
-                if not d:
-                    cells.append("–")
-                    continue
-                b, w = d.get("ppl_beyond"), d.get("ppl_within")
-                cells.append(" / ".join(["–" if v is None else f"{v:.3f}" for v in (b, w)]))
-        lines.append(f"| {_name(res, m, ln, dyn)} | " + " | ".join(cells) + " |")
+    for name, row in _ppl_by_text(res):
+        cells = ["–" if d is None else " / ".join(["–" if v is None else f"{v:.3f}"
+                                                   for v in (d.get("ppl_beyond"), d.get("ppl_within"))])
+                 for d in row]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ["", f"Cells: perplexity beyond L (tokens predicted from positions ≥ {L}) / within L "
                               f"(positions {g['score_from'] if g['score_from'] is not None else 'n_ctx/2'} … {L - 1}; "
                               "– where none is scored), one window per document."]) + "\n"
