@@ -269,13 +269,13 @@ SUMMARY_ROWS = {
     "YaRN + log n": (("smollm2-2x", "yarn + log-n"), ("smollm2-4x", "yarn + log-n")),
     "ntk (NTK-aware)": (("smollm2-2x", "ntk"), ("smollm2-4x", "ntk")),
     "ntk (NTK-aware) + log n": (("smollm2-2x", "ntk + log-n"), ("smollm2-4x", "ntk + log-n")),
-    "ntk (NTK-aware) + log n, dynamic k": (None, ("smollm2-4x", "ntk dyn + log-n")),
+    "ntk (NTK-aware) + log n, dynamic k": (("smollm2-2x-dyn", "ntk dyn + log-n"), ("smollm2-4x", "ntk dyn + log-n")),
     "ntk-fixed + log n": (("smollm2-2x", "ntk-fixed + log-n"), None),
     "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
     "ntk-mixed b = 0.625 + log n (seed 000's default)":
         (("smollm2-2x", "ntk-mixed (b=0.625) + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) + log-n")),
     "ntk-mixed b = 0.625 + log n, dynamic k (the default when no k is set)":
-        (None, ("smollm2-4x", "ntk-mixed (b=0.625) dyn + log-n")),
+        (("smollm2-2x-dyn", "ntk-mixed (b=0.625) dyn + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) dyn + log-n")),
     "`tune`'s choice by perplexity (b = 0.75, attn ×1.035; at 4×L + log n)":
         (("smollm2-2x-tuned", "ntk-mixed (b=0.75) attn×1.035"),
          ("smollm2-4x-tuned", "ntk-mixed (b=0.75) + log-n attn×1.035")),
