@@ -309,7 +309,7 @@ def test_results_summary_is_the_published_reports():
         seen.append(name)
         c2, c4 = (cell(ref) for ref in SUMMARY_ROWS[name])
         assert (ppl2, ppl4) == (ppl(c2), ppl(c4)), name
-        if c2 is None or not c2.get("ruler", {}) and "tune" not in name:
+        if c2 is None or (not c2.get("ruler", {}) and "tune" not in name):
             assert niah2 == "–", name
             continue
         if "niah_single" in c2.get("ruler", {}):

@@ -26,6 +26,7 @@ import click
 from ..errors import GGUFRopeError
 from . import grid as EG, ppl as EP, report as ER
 
+
 def rerun(model: str | os.PathLike, pub: dict[str, Any], *, cache_dir: str | os.PathLike,
           out_dir: str | os.PathLike, progress: bool = False) -> tuple[dict[str, Any], Any]:
     """:func:`ggufrope.evaluation.grid.run_compare` with ``report_only`` and the grid (and command
@@ -106,7 +107,8 @@ def publish(docs: str | os.PathLike, cache_dir: str | os.PathLike, *, progress: 
         for tag, body in quoted_blocks(name, res).items():
             new = splice(md, tag, body)
             if new is not None:
-                md, quoted = new, quoted + [f"grid-{tag}"]
+                md = new
+                quoted.append(f"grid-{tag}")
         said.append(f"{name}: {stats.cached} units cached, {stats.missing} not run; "
                     f"quoted in {md_path.name}: {', '.join(quoted) or 'nothing'}")
     with models.atomic_open(md_path, "w", encoding="utf-8") as f:
@@ -122,12 +124,13 @@ def publish(docs: str | os.PathLike, cache_dir: str | os.PathLike, *, progress: 
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def main(docs: str, cache_dir: str, quiet: bool) -> None:
     """Rewrite docs/results/v2/*/ from the cached units and quote their tables in results.md."""
+    from ..cli import CliError
+
     try:
         for line in publish(docs, cache_dir, progress=not quiet):
             click.echo(line)
     except GGUFRopeError as e:
-        click.echo(f"ggufrope: error: {e}", err=True)
-        raise SystemExit(2) from None
+        raise CliError(str(e)) from None
 
 
 if __name__ == "__main__":
