@@ -79,7 +79,9 @@ def test_publish_rewrites_a_report_and_its_block(smollm2, tmp_path):
     block = committed.split(f"<!-- grid-{name}:start -->\n", 1)[1].split(f"\n<!-- grid-{name}:end -->", 1)[0]
     (docs / "results.md").write_text(f"# head\n\n<!-- grid-{name}:start -->\nstale\n<!-- grid-{name}:end -->\n\ntail\n",
                                      encoding="utf-8")
-    pub = json.loads((docs / "results" / "v2" / name / "results.json").read_text(encoding="utf-8"))
+    rj = docs / "results" / "v2" / name / "results.json"
+    pub = json.loads(rj.read_text(encoding="utf-8"))
+    rj.write_text(json.dumps({**pub, "cells": []}), encoding="utf-8")  # a stale report is rewritten
     (docs / "results" / "v2" / name / "results.md").write_text("stale", encoding="utf-8")
 
     said = publish.publish(docs, tmp_path / "cache", progress=False)
@@ -89,9 +91,22 @@ def test_publish_rewrites_a_report_and_its_block(smollm2, tmp_path):
         f"# head\n\n<!-- grid-{name}:start -->\n{block}\n<!-- grid-{name}:end -->\n\ntail\n")
     assert (docs / "results" / "v2" / name / "results.md").read_text(encoding="utf-8") == (
         ROOT / "docs" / "results" / "v2" / name / "results.md").read_text(encoding="utf-8")
-    new = json.loads((docs / "results" / "v2" / name / "results.json").read_text(encoding="utf-8"))
+    written = rj.read_bytes()
+    new = json.loads(written)
     assert new["cells"] == pub["cells"] and new["command"] == pub["command"]
     assert sorted(p.name for p in docs.iterdir()) == ["results", "results.md"]  # no temporary file left
+
+    # Nothing changed since: a second run keeps results.json byte for byte (its wall time and
+    # machine fields included), so `make results-v2-report` leaves no diff behind.
+    publish.publish(docs, tmp_path / "cache", progress=False)
+    assert rj.read_bytes() == written
+
+
+def test_same_report_ignores_only_the_run_fields():
+    a = {"cells": [1], "machine": {"cpu": "x"}, "wall_s_this_run": 1.0, "wall_s_all_units": 9.0}
+    assert publish._same_report(a, {**a, "machine": {"cpu": "y"}, "wall_s_this_run": 2.0})
+    assert not publish._same_report(a, {**a, "wall_s_all_units": 10.0})
+    assert not publish._same_report(a, {**a, "cells": [2]})
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -3,7 +3,8 @@ committed units, computing nothing, and quote their tables in docs/results.md.
 
 Each ``docs/results/v2/MODEL-NAME/results.json`` (``MODEL`` is a name of :mod:`ggufrope.models`)
 records its grid; :func:`rerun` runs that grid again with ``report_only`` over the unit cache,
-which rewrites ``results.json``, ``results.md`` and ``ppl.png`` in place. docs/results.md quotes a
+which rewrites ``results.json``, ``results.md`` and ``ppl.png`` in place (a ``results.json`` whose
+cells and units did not change keeps its bytes, run fields included: no diff). docs/results.md quotes a
 report's per-document perplexity table between ``<!-- grid-MODEL-NAME:start -->`` and
 ``<!-- grid-MODEL-NAME:end -->``, followed by the count of its windows that have a result, and
 its retrieval table (grids with RULER-lite tasks) between ``<!-- grid-MODEL-NAME-retrieval:start
@@ -82,6 +83,16 @@ def splice(md: str, tag: str, body: str) -> str | None:
     return md[:i] + body.strip("\n") + md[j:]
 
 
+#: results.json fields that a report-only rerun rewrites even when no cell or unit changed.
+RUN_FIELDS = ("machine", "wall_s_this_run")
+
+
+def _same_report(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two results.json documents differ at most in :data:`RUN_FIELDS`."""
+    strip = lambda d: {k: v for k, v in d.items() if k not in RUN_FIELDS}  # noqa: E731
+    return strip(a) == strip(b)
+
+
 def publish(docs: str | os.PathLike, cache_dir: str | os.PathLike, *, progress: bool = True) -> list[str]:
     """Rewrite every report under ``docs/results/v2`` (see the module docstring) and splice its
     tables into ``docs/results.md`` (written to a temporary file and renamed); returns one line
@@ -100,9 +111,13 @@ def publish(docs: str | os.PathLike, cache_dir: str | os.PathLike, *, progress: 
     said = []
     for report in reports:
         name = report.parent.name
-        pub = json.loads(report.read_text(encoding="utf-8"))
+        before = report.read_text(encoding="utf-8")
+        pub = json.loads(before)
         model = models.model_path(name.split("-", 1)[0])
         res, stats = rerun(model, pub, cache_dir=cache_dir, out_dir=report.parent, progress=progress)
+        if _same_report(pub, json.loads(report.read_text(encoding="utf-8"))):
+            with models.atomic_open(report, "w", encoding="utf-8") as f:  # no diff for a rerun that changed nothing
+                f.write(before)
         quoted = []
         for tag, body in quoted_blocks(name, res).items():
             new = splice(md, tag, body)
