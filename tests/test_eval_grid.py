@@ -274,6 +274,7 @@ SUMMARY_ROWS = {
     "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
     "ntk-mixed b = 0.625 + log n (seed 000's default)":
         (("smollm2-2x", "ntk-mixed (b=0.625) + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) + log-n")),
+    "ntk-mixed b = 0.625, dynamic k": (None, ("smollm2-4x", "ntk-mixed (b=0.625) dyn")),
     "ntk-mixed b = 0.625 + log n, dynamic k (the default when no k is set)":
         (("smollm2-2x-dyn", "ntk-mixed (b=0.625) dyn + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) dyn + log-n")),
     "`tune`'s choice by perplexity (b = 0.75, attn ×1.035; at 4×L + log n)":
