@@ -111,3 +111,30 @@ def test_plot_one_context_is_rows_beside_retrieval_several_contexts_are_lines(tm
     lines["cells"] += [{**c, "n_ctx": 8192, "ppl_beyond": None, "ppl": 7.0} for c in list(lines["cells"])]
     ER.plot(lines, tmp_path / "lines.png")
     assert _png_size(tmp_path / "lines.png") == (600, 400)  # perplexity against context
+
+
+def test_plot_rows_marks_each_cell_not_run_and_nothing_else():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = _res()
+    # a row with perplexity on one document and no retrieval at all (a dynamic row whose niah cell
+    # is still to run): its tech slot and its niah_single slot are not run; the truncation row has
+    # no perplexity by design, so its perplexity slots stay unmarked
+    res["cells"].append({**res["cells"][1], "dynamic": True, "ruler": {}, "passkey_accuracy": None,
+                         "ppl_by_text": {"verse": {"ppl": 9.0, "ppl_beyond": 9.5, "ppl_within": None,
+                                                   "windows": 1}}})
+    res["grid"]["dynamic"] = [False, True]
+    fig = ER._rows_figure(res)
+    try:
+        ppl_ax, ret_ax = fig.axes[:2]
+        ppl_marks = sorted(t.get_text() for t in ppl_ax.texts if "not run" in t.get_text())
+        ret_marks = sorted(t.get_text() for t in ret_ax.texts if "not run" in t.get_text())
+    finally:
+        plt.close(fig)
+    # ntk-mixed static and dynamic: tech not run (2 marks); YaRN and truncation: none
+    assert ppl_marks == ["tech: not run", "tech: not run"]
+    # only the dynamic row lacks retrieval, both columns of it (the grid has passkey trials too)
+    assert ret_marks == ["niah_single: not run", "passkey: not run"]

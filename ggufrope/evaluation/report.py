@@ -117,6 +117,19 @@ def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
     (:func:`relative_ppl`; rows far off are clipped at the axis and labelled) and, where the
     grid has retrieval, the retrieval scores."""
     import matplotlib.pyplot as plt
+
+    fig = _rows_figure(res)
+    if fig is None:
+        return _plot_lines(res, path)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _rows_figure(res: dict[str, Any]):
+    """The figure of :func:`_plot_rows` (None when the grid has nothing to draw as rows). A cell
+    not run yet is marked "<column>: not run" in its slot, so that an empty slot does not read as
+    a zero (the truncation baseline, which has no perplexity, gets no mark there)."""
+    import matplotlib.pyplot as plt
     import numpy as np
 
     g = res["grid"]
@@ -133,8 +146,9 @@ def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
     pct = [(n, [None if v is None else 100 * (v - 1) for v in vs]) for n, vs in rel]
     panels = [(p, cols) for p, cols in ((pct, texts), (ret, tasks)) if p]
     if not panels:
-        return _plot_lines(res, path)
+        return None
     names = list(dict.fromkeys([n for p, _ in panels for n, _ in p]))
+    no_ppl = {_name(res, *r) for r in _rows(res) if r[0] == "truncate"}  # has no perplexity: not "not run"
     y = np.arange(len(names))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.32 * len(names) + 1.6), dpi=100,
                              sharey=True, squeeze=False)
@@ -155,6 +169,11 @@ def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
                 elif x != xs:
                     ax.text(xs - 0.02 * lim if x > 0 else xs + 0.02 * lim, yy, f"{x:+.0f} %", va="center",
                             ha="right" if x > 0 else "left", fontsize=6, color="white")
+            x0 = -lim if panel is pct else 0.0
+            for yy, n in zip(y, names):
+                if (n in vals and vals[n][j] is None) or (n not in vals and not (panel is pct and n in no_ppl)):
+                    ax.text(x0 + (0.02 * lim if panel is pct else 1), yy - 0.4 + h * (j + 0.5), f"{col}: not run",
+                            va="center", ha="left", fontsize=5, color="gray")
         if panel is pct:
             ax.set_xlim(-lim, lim)
             ax.axvline(0.0, color="gray", linewidth=0.8)
@@ -168,8 +187,7 @@ def _plot_rows(res: dict[str, Any], path: str | os.PathLike) -> None:
     axes[0][0].invert_yaxis()
     fig.suptitle(f"{res['model']['name']} (L = {res['model']['n_ctx_orig']}), n_ctx {g['n_ctx'][0]}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    return fig
 
 
 def plot(res: dict[str, Any], path: str | os.PathLike) -> None:
