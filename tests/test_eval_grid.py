@@ -269,6 +269,7 @@ SUMMARY_ROWS = {
     "YaRN + log n": (("smollm2-2x", "yarn + log-n"), ("smollm2-4x", "yarn + log-n")),
     "ntk (NTK-aware)": (("smollm2-2x", "ntk"), ("smollm2-4x", "ntk")),
     "ntk (NTK-aware) + log n": (("smollm2-2x", "ntk + log-n"), ("smollm2-4x", "ntk + log-n")),
+    "ntk (NTK-aware), dynamic k": (None, ("smollm2-4x", "ntk dyn")),
     "ntk (NTK-aware) + log n, dynamic k": (("smollm2-2x-dyn", "ntk dyn + log-n"), ("smollm2-4x", "ntk dyn + log-n")),
     "ntk-fixed + log n": (("smollm2-2x", "ntk-fixed + log-n"), None),
     "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
