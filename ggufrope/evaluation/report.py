@@ -148,7 +148,7 @@ def _rows_figure(res: dict[str, Any]):
     if not panels:
         return None
     names = list(dict.fromkeys([n for p, _ in panels for n, _ in p]))
-    no_ppl = {_name(res, *r) for r in _rows(res) if r[0] == "truncate"}  # has no perplexity: not "not run"
+    no_ppl = _name(res, "truncate", False, False)  # the baseline has no perplexity: not "not run"
     y = np.arange(len(names))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels) + 1.5, 0.32 * len(names) + 1.6), dpi=100,
                              sharey=True, squeeze=False)
@@ -169,11 +169,11 @@ def _rows_figure(res: dict[str, Any]):
                 elif x != xs:
                     ax.text(xs - 0.02 * lim if x > 0 else xs + 0.02 * lim, yy, f"{x:+.0f} %", va="center",
                             ha="right" if x > 0 else "left", fontsize=6, color="white")
-            x0 = -lim if panel is pct else 0.0
+            x_mark = -0.98 * lim if panel is pct else 1.0
             for yy, n in zip(y, names):
-                if (n in vals and vals[n][j] is None) or (n not in vals and not (panel is pct and n in no_ppl)):
-                    ax.text(x0 + (0.02 * lim if panel is pct else 1), yy - 0.4 + h * (j + 0.5), f"{col}: not run",
-                            va="center", ha="left", fontsize=5, color="gray")
+                if (vals[n][j] if n in vals else None) is None and not (panel is pct and n == no_ppl):
+                    ax.text(x_mark, yy - 0.4 + h * (j + 0.5), f"{col}: not run", va="center", ha="left", fontsize=5,
+                            color="gray")
         if panel is pct:
             ax.set_xlim(-lim, lim)
             ax.axvline(0.0, color="gray", linewidth=0.8)
