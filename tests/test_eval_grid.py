@@ -264,7 +264,9 @@ def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
 #: docs/results/v2 for 2xL and 4xL (None: no cell); tune's 2xL niah_single is its trial's
 SUMMARY_ROWS = {
     "none (plain RoPE)": (("smollm2-2x", "none"), ("smollm2-4x", "none")),
+    "none + log n": (("smollm2-2x", "none + log-n"), ("smollm2-4x", "none + log-n")),
     "linear (PI; stock `--rope-scaling linear`)": (("smollm2-2x", "linear"), ("smollm2-4x", "linear")),
+    "linear + log n": (("smollm2-2x", "linear + log-n"), ("smollm2-4x", "linear + log-n")),
     "YaRN (stock `--rope-scaling yarn`)": (("smollm2-2x", "yarn"), ("smollm2-4x", "yarn")),
     "YaRN + log n": (("smollm2-2x", "yarn + log-n"), ("smollm2-4x", "yarn + log-n")),
     "ntk (NTK-aware)": (("smollm2-2x", "ntk"), ("smollm2-4x", "ntk")),
