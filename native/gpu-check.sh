@@ -9,15 +9,26 @@
 # 4. SmolLM2-135M-Instruct with ntk-mixed + log-n, every layer on the GPU, greedy, at n_ctx 16384
 #    and 32768; the first 32 tokens at 16384 are compared with a CPU run of the same prompt
 # The report goes to stdout and build/gpu-check/report.txt.
+#
+# On a lent machine that cannot build (no network for the sdist, minutes of device time), the CUDA
+# libraries can be cross-built elsewhere (native/gpu-lent.sh says how) and given here:
+#   PREBUILT=DIR    skip step 1: the Python package already loads DIR's patched CUDA libllama and
+#                   libggml*, and DIR/test-backend-ops is the patched tree's, built with them
+#   STEPS="2 3"     run only these steps (default "1 2 3 4"); REPORT=FILE another report file
+#   CPU_REF=DIR     DIR/gen-cpu-16384.txt, gen-cpu-32768.txt: the same greedy runs on a CPU build of
+#                   another machine, compared with the GPU's too
+#   PY=python       the interpreter (default .venv/bin/python)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 OUT=build/gpu-check
 mkdir -p "$OUT"
-REPORT=$OUT/report.txt
+REPORT=${REPORT:-$OUT/report.txt}
 : > "$REPORT"
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}
+STEPS=" ${STEPS:-1 2 3 4} "
+step() { [[ $STEPS == *" $1 "* ]]; }
 say() { echo "$*" | tee -a "$REPORT"; }
 
 nvidia-smi -L >/dev/null 2>&1 || { echo "gpu-check: error: no NVIDIA GPU (nvidia-smi -L failed)" >&2; exit 2; }
@@ -26,22 +37,38 @@ say "GPU: $(nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,
 say "nvcc: $(nvcc --version | tail -n1)"
 
 # 1. build
-if ! make build CUDA=1 > "$OUT/build.log" 2>&1; then
-    say "build: FAILED (see $OUT/build.log)"; tail -n 30 "$OUT/build.log"; exit 1
+if [ -n "${PREBUILT:-}" ]; then
+    say "build: prebuilt in $PREBUILT; the Python package loads $($PY -c 'import llama_cpp.llama_cpp as l; print(l._lib._name)')"
+elif step 1; then
+    if ! make build CUDA=1 > "$OUT/build.log" 2>&1; then
+        say "build: FAILED (see $OUT/build.log)"; tail -n 30 "$OUT/build.log"; exit 1
+    fi
+    say "build: $(tail -n1 "$OUT/build.log")"
 fi
-say "build: $(tail -n1 "$OUT/build.log")"
 
 # 2. test-backend-ops
-CUDA=1 native/test-backend-ops.sh -b CUDA0 > "$OUT/test-backend-ops.log" 2>&1
-tbo=$?
-say "test-backend-ops (exit $tbo):"
-grep -E "tests passed|Backend CUDA0|FAIL" "$OUT/test-backend-ops.log" | sort | uniq -c | head -n 20 | tee -a "$REPORT"
-# the NMSE plain RoPE needs at large positions, next to the NTK cases' (the tolerance is set from it)
-grep -E 'ROPE\(.*method=none.*n_ctx=65536' "$OUT/test-backend-ops.log" | head -n 4 | tee -a "$REPORT"
+if step 2; then
+    if [ -n "${PREBUILT:-}" ]; then
+        ( st=0; for op in ROPE ROPE_SET_ROWS; do
+              echo "== test-backend-ops test -o $op -b CUDA0"; timeout 300 "$PREBUILT/test-backend-ops" test -o $op -b CUDA0 || st=1
+          done; exit $st ) > "$OUT/test-backend-ops.log" 2>&1
+    else
+        CUDA=1 native/test-backend-ops.sh -b CUDA0 > "$OUT/test-backend-ops.log" 2>&1
+    fi
+    tbo=$?
+    say "test-backend-ops (exit $tbo):"
+    grep -E "tests passed|Backend CUDA0|FAIL" "$OUT/test-backend-ops.log" | sort | uniq -c | head -n 20 | tee -a "$REPORT"
+    # the NMSE plain RoPE needs at large positions, next to the NTK cases' (the tolerance is set from it)
+    grep -E 'ROPE\(.*method=none.*n_ctx=65536' "$OUT/test-backend-ops.log" | head -n 4 | tee -a "$REPORT"
+fi
 
 # 3. tiny-model reference tests on the GPU
-GGUFROPE_TEST_NGL=99 $PY -m pytest -q tests/test_reference_forward.py tests/test_patched_model.py tests/test_dynamic.py > "$OUT/tiny.log" 2>&1
-say "tiny-model reference on GPU (exit $?): $(tail -n1 "$OUT/tiny.log")"
+if step 3; then
+    GGUFROPE_TEST_NGL=99 timeout 600 $PY -m pytest -q -p no:cacheprovider tests/test_reference_forward.py tests/test_patched_model.py \
+        tests/test_dynamic.py > "$OUT/tiny.log" 2>&1
+    say "tiny-model reference on GPU (exit $?): $(tail -n1 "$OUT/tiny.log")"
+fi
+step 4 || exit 0
 
 # 4. the real model, all layers on the GPU
 MODEL=$($PY -m ggufrope.models) || { say "model: FAILED"; exit 1; }
@@ -61,15 +88,22 @@ for n in 16384 32768; do
 done
 $PY -m ggufrope generate "$OUT/smollm2-mixed-logn.gguf" --n-ctx 16384 -f "$OUT/prompt-16384.txt" -n 32 \
     --gpu-layers 0 > "$OUT/gen-cpu-16384.txt" 2> "$OUT/gen-cpu-16384.log"
-$PY - "$OUT" <<'PYEOF' | tee -a "$REPORT"
-import sys
-out = sys.argv[1]
-g, c = open(f"{out}/gen-gpu-16384.txt").read(), open(f"{out}/gen-cpu-16384.txt").read()
-if g == c:
-    print("GPU vs CPU, first 32 greedy tokens at n_ctx 16384: identical")
-else:
-    i = next((i for i, (a, b) in enumerate(zip(g, c)) if a != b), min(len(g), len(c)))
-    print(f"GPU vs CPU, first 32 greedy tokens at n_ctx 16384: differ from character {i}: "
-          f"GPU {g[i:i+40]!r} / CPU {c[i:i+40]!r}")
+$PY - "$OUT" "${CPU_REF:-}" <<'PYEOF' | tee -a "$REPORT"
+import os, sys
+out, ref = sys.argv[1], sys.argv[2]
+pairs = [(16384, "CPU (this build, --gpu-layers 0)", f"{out}/gen-cpu-16384.txt")]
+if ref:
+    pairs += [(n, f"CPU build of another machine ({ref})", f"{ref}/gen-cpu-{n}.txt") for n in (16384, 32768)]
+for n, what, path in pairs:
+    if not os.path.exists(path):
+        print(f"GPU vs {what} at n_ctx {n}: no {path}")
+        continue
+    g, c = open(f"{out}/gen-gpu-{n}.txt").read(), open(path).read()
+    if g == c:
+        print(f"GPU vs {what}, first 32 greedy tokens at n_ctx {n}: identical")
+    else:
+        i = next((i for i, (a, b) in enumerate(zip(g, c)) if a != b), min(len(g), len(c)))
+        print(f"GPU vs {what}, first 32 greedy tokens at n_ctx {n}: differ from character {i}: "
+              f"GPU {g[i:i+40]!r} / CPU {c[i:i+40]!r}")
 PYEOF
 say "report: $REPORT"

