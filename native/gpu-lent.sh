@@ -80,6 +80,11 @@ pack() {
     done
     cp "$BUILD/gpu/patched/bin/test-backend-ops" "$t/lib-patched/"
     for f in "$t"/lib-*/*; do [ -L "$f" ] || "$pe" --set-rpath '$ORIGIN' "$f"; done
+    # the link dropped the libcuda stub (--as-needed: it defines none of the cu* symbols), so the
+    # driver library the cu* symbols of libggml-cuda come from is named here
+    for f in "$t"/lib-*/libggml-cuda.so.*.*; do
+        readelf -d "$f" | grep -q 'NEEDED.*libcuda\.so\.1' || "$pe" --add-needed libcuda.so.1 "$f"
+    done
     cuda=$(basename "$(readlink -f "$t/lib-stock/libggml-cuda.so")")
     zstd -q -19 --long=30 --patch-from="$t/lib-patched/$cuda" "$t/lib-stock/$cuda" -o "$t/stock-$cuda.zst" || die "zstd delta"
     rm "$t/lib-stock/$cuda"
@@ -122,8 +127,9 @@ setup() {
         "$z" -o "$S/lib-stock/$(basename "$z" .zst | sed 's/^stock-//')" || die "stock libggml-cuda: zstd delta failed"
     rm -rf "$BUILD/stock-lib" && mkdir -p "$BUILD" && cp -a "$S/lib-stock" "$BUILD/stock-lib"
     local d ld=""
-    for lib in libcublas.so.13 libcublasLt.so.13 libcudart.so.13; do
-        d=$(dirname "$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt -name "$lib" 2>/dev/null | head -n1)")
+    for lib in libcublas.so.13 libcublasLt.so.13 libcudart.so.13 libcuda.so.1; do
+        ldconfig -p | grep -q "$lib " && [ "$lib" = libcuda.so.1 ] && continue
+        d=$(dirname "$(find /usr/local/nvidia /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /usr/lib64 /opt -name "$lib" 2>/dev/null | head -n1)")
         [ "$d" != . ] && [[ ":$ld:" != *":$d:"* ]] && ld=$ld:$d
     done
     [ -d /usr/local/nvidia/lib64 ] && ld=$ld:/usr/local/nvidia/lib64
@@ -148,12 +154,14 @@ stage1() {
 
 stage2() {
     local t0=$SECONDS deadline=${DEADLINE:-420} out=${OUT:-$BUILD/gpu-out}
+    left() { local l=$((deadline - (SECONDS - t0))) m=${1:-100000}; [ $l -lt $m ] && m=$l; [ $m -lt 1 ] && m=1; echo $m; }
     mkdir -p "$out"
     if [ -f "$S/env.sh" ]; then . "$S/env.sh"; else
         say "no stage 1 on this machine: setting up and running steps 2-3 now"
         setup > "$out/setup.log" 2>&1 || { cat "$out/setup.log"; die "setup failed"; }
         . "$S/env.sh"
-        PREBUILT=$S/lib-patched STEPS="2 3" REPORT=$BUILD/gpu-check/report-a.txt native/gpu-check.sh > "$S/stage1.log" 2>&1
+        PREBUILT=$S/lib-patched STEPS="2 3" REPORT=$BUILD/gpu-check/report-a.txt timeout "$(left 240)" native/gpu-check.sh \
+            > "$S/stage1.log" 2>&1
         touch "$S/stage1.done"
     fi
     export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
@@ -164,27 +172,29 @@ stage2() {
     else
         say "the model's halves are not both here (a: $(ls "$CARRY/a" 2>&1 | tr '\n' ' '))"
     fi
-    while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 240 ]; do sleep 2; done
+    while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 150 ]; do sleep 2; done
     echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
     cat "$S/stage1.log"
     local M
     if M=$(python3 -m ggufrope.models 2>&1); then
         if [ "${GPU_CHECK:-1}" = 1 ]; then
             echo "== gpu-check step 4, t=$((SECONDS - t0)) s"
-            STEPS=4 REPORT=$BUILD/gpu-check/report-b.txt native/gpu-check.sh
+            STEPS=4 REPORT=$BUILD/gpu-check/report-b.txt timeout "$(left 200)" native/gpu-check.sh
         fi
         if [ "${BENCH:-1}" = 1 ]; then
             echo "== runtime cost, t=$((SECONDS - t0)) s"
-            timeout 200 python3 bench/runtime_cost.py -ngl -1 --configs stock,none,mixed+logn --reps 3 --out "$out/runtime_cost.json" 2>/dev/null
+            timeout "$(left 150)" python3 bench/runtime_cost.py -ngl -1 --configs stock,mixed+logn --reps 3 \
+                --out "$out/runtime_cost.json" 2>/dev/null
             echo "== dynamic cost, t=$((SECONDS - t0)) s"
-            timeout 100 python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
+            timeout "$(left 60)" python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
         fi
         grid "$M" "$t0" "$deadline"
     else
         echo "no model: $M"
     fi
     cat "$BUILD"/gpu-check/report-a.txt "$BUILD"/gpu-check/report-b.txt > "$out/report.txt" 2>/dev/null
-    tar -czf "$out/logs.tar.gz" -C "$BUILD" gpu-check 2>/dev/null
+    mkdir -p "$BUILD/gpu-check" && cp "$S"/stage1.log "$S"/grid-*.log "$BUILD/gpu-check/" 2>/dev/null
+    tar -czf "$out/logs.tar.gz" -C "$BUILD" gpu-check
     echo "stage 2 done, t=$((SECONDS - t0)) s"
 }
 
@@ -193,14 +203,17 @@ grid() {
     mkdir -p "$c" && cp -a docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
     local E="eval compare $M --cache $c -ngl -1 -q --score-from 4096"
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
-    local jobs=(
+    local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
+    local jobs=(   # in the order of docs/results.md's gaps; the second is a GPU-vs-CPU check of two CPU units
         "-c 32768 --methods linear --logn on --dynamic off --text loc_workshop --text docutils_manual --max-windows 1 --trials 0"
-        "-c 16384 --methods ntk-mixed,yarn --logn both --dynamic off --text paradise_lost --max-windows 1 --trials 0"
-        "-c 16384 --methods all --logn both --dynamic both $R --tasks vt --trials 0"
-        "-c 16384 --methods all --logn both --dynamic both $R --trials 10"
-        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --tasks niah_single --trials 0"
-        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --tasks vt --trials 0"
-        "-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both $R --trials 10"
+        "-c 16384 --methods ntk-mixed --logn both --dynamic off --text paradise_lost --max-windows 1 --trials 0"
+        "-c 16384 --methods all --logn both --dynamic off $R --tasks vt --trials 0"
+        "-c 16384 --methods ntk,ntk-mixed --logn on --dynamic on $R --tasks vt --trials 0"
+        "-c 16384 --methods all --logn both --dynamic off $R --trials 10"
+        "-c 16384 --methods ntk,ntk-mixed --logn on --dynamic on $R --trials 10"
+        "$X4 $R --tasks niah_single --trials 0"
+        "$X4 $R --tasks vt --trials 0"
+        "$X4 $R --trials 10"
     )
     local j left i=0
     for j in "${jobs[@]}"; do
