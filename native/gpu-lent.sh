@@ -90,7 +90,7 @@ pack() {
     rm "$t/lib-stock/$cuda"
     cp -L "$(command -v zstd)" "$t/bin/"
     for l in $(ldd "$(command -v zstd)" | awk '/=>/ {print $3}'); do case $l in */libc.so*) ;; *) cp -L "$l" "$t/bin/" ;; esac; done
-    for p in llama_cpp gguf diskcache; do cp -a $sp/$p "$t/site/"; done
+    for p in llama_cpp gguf diskcache wonderwords; do cp -a $sp/$p "$t/site/"; done   # what the image lacks
     rm -rf "$t/site/llama_cpp/lib" && find "$t/site" -name __pycache__ -prune -exec rm -rf {} +
     cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
     cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
@@ -215,6 +215,7 @@ grid() {
         "$X4 $R --tasks vt --trials 0"
         "$X4 $R --trials 10"
     )
+    [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"   # one job a line, instead of the list above
     local j left i=0
     for j in "${jobs[@]}"; do
         i=$((i + 1))
