@@ -124,9 +124,10 @@ open(sys.argv[1] + "/prompt-16384.txt", "w").write(demo_text()); open(sys.argv[1
 setup() {
     mkdir -p "$S" && tar -xJf "$CARRY/a/payload.tar.xz" -C "$S" || die "no $CARRY/a/payload.tar.xz"
     rm -rf "$S/site/llama_cpp/lib" && cp -a "$S/lib-patched" "$S/site/llama_cpp/lib"
-    local z
-    z=$(ls "$S"/stock-*.zst) && LD_LIBRARY_PATH=$S/bin "$S/bin/zstd" -q -d --long=30 --patch-from="$S/lib-patched/$(basename "$z" .zst | sed 's/^stock-//')" \
-        "$z" -o "$S/lib-stock/$(basename "$z" .zst | sed 's/^stock-//')" || die "stock libggml-cuda: zstd delta failed"
+    local z lib
+    z=$(ls "$S"/stock-*.zst) && lib=$(basename "$z" .zst) && lib=${lib#stock-} \
+        && LD_LIBRARY_PATH=$S/bin "$S/bin/zstd" -q -d --long=30 --patch-from="$S/lib-patched/$lib" "$z" -o "$S/lib-stock/$lib" \
+        || die "stock libggml-cuda: zstd delta failed"
     rm -rf "$BUILD/stock-lib" && mkdir -p "$BUILD" && cp -a "$S/lib-stock" "$BUILD/stock-lib"
     local d ld=""
     for lib in libcublas.so.13 libcublasLt.so.13 libcudart.so.13 libcuda.so.1; do

@@ -4,7 +4,8 @@
 # changes) compiles to the same object in both, since the patch adds only declarations to the
 # headers they include (ggml.h: ggml_rope_set_logn; ggml-backend-impl.h:
 # ggml_backend_dev_rope_logn); so its object is copied from the patched build ($REUSE_FROM) instead
-# of compiled again (two hours of nvcc on a 2-core machine). Every other compile runs as given.
+# of compiled again (the patched build's CUDA part took most of an hour on a 2-core machine).
+# Every other compile runs as given.
 #   REUSE_FROM=DIR REUSE_EXCEPT="ggml-cuda.cu rope.cu" native/reuse-cuda-objects.sh nvcc ARGS...
 set -u
 src="" out="" dep=""
