@@ -14,7 +14,7 @@ in the process and their median kept; with layers on a GPU every prefill at leas
 drift hits all alike. Prints per-task medians, min–max spread, and ratios to ``stock``; writes
 JSON with every sample.
 
-    .venv/bin/python bench/runtime_cost.py [--reps 3] [--lengths 512,4096,16384] [--decode-depth 8192]
+    .venv/bin/python bench/runtime_cost.py [--reps 3] [--lengths 512,4096,16384] [--decode-depth 8192] [--model gemma3]
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ CONFIGS = ["stock", "none", "mixed", "mixed+logn"]
 N_DECODE = 128
 
 
-def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0) -> dict:
-    """Runs in a child process: load, measure one task, return the sample."""
+def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> dict:
+    """Runs in a child process: load ``model`` (default: the default model), measure one task,
+    return the sample."""
     from ggufrope import runtime
     from ggufrope.models import default_model_path
 
-    model = default_model_path()
+    model = model or default_model_path()
     if config == "stock":
         assert not runtime.is_patched(), "stock config loaded the patched library"
         import llama_cpp
@@ -69,9 +70,17 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 
 
     if task == "prefill":
         # Short prefills are repeated in the process (about 2048 tokens in all) and the median kept;
-        # with layers on a GPU every prefill is repeated at least 5 times: there one takes 0.01-0.6 s
-        # and, once per process, its first runs spread by 2x (clocks ramping up; H200, 2026-11-26).
-        times = [prefill() for _ in range(max(5 if ngl != 0 else 1, 2048 // n))]
+        # with layers on a GPU one takes 0.01-0.6 s and, with 5 repeats a process, the 4096 and 16384
+        # medians spread by 2x between processes (H200, 2026-11-26): there two whole prefills warm
+        # up first, and the prefill repeats for at least 5 times and 2 s.
+        if ngl != 0:
+            prefill(), prefill()
+            times: list[float] = []
+            t_end = time.perf_counter() + 2.0
+            while len(times) < 5 or time.perf_counter() < t_end:
+                times.append(prefill())
+        else:
+            times = [prefill() for _ in range(max(1, 2048 // n))]
         t_prefill = statistics.median(times)
         return {"tok_s": n / t_prefill, "seconds": t_prefill, "inner": times}
     prefill()
@@ -83,7 +92,7 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 
     return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
 
 
-def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0) -> dict:
+def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "") -> dict:
     env = dict(os.environ)
     if config == "stock":
         if not (STOCK_LIB / "libllama.so").exists():
@@ -91,7 +100,7 @@ def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int
         env["LLAMA_CPP_LIB_PATH"] = str(STOCK_LIB)
     else:
         env.pop("LLAMA_CPP_LIB_PATH", None)
-    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl)],
+    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl), model],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
@@ -108,12 +117,22 @@ def main() -> None:
                     help="layers offloaded to the GPU (-1: all; a CUDA build of both libraries)")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--out", default=str(benchlib.OUT_DIR / "runtime_cost.json"))
-    ap.add_argument("--worker", nargs=6, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL"), help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, metavar="NAME_OR_GGUF",
+                    help="a real model's name (python -m ggufrope.models --help) or a GGUF path [default model]")
+    ap.add_argument("--worker", nargs=7, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL", "MODEL"),
+                    help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        c, task, n, n_ctx, th, ngl = a.worker
-        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl))))
+        c, task, n, n_ctx, th, ngl, model = a.worker
+        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl), model or None)))
         return
+    model = ""
+    if a.model:
+        from ggufrope.models import MODELS, model_path
+
+        model = str(model_path(a.model)) if a.model in MODELS else a.model
+        if not os.path.isfile(model):
+            sys.exit(f"runtime_cost: error: no model {a.model!r} (a GGUF path or one of {', '.join(MODELS)})")
 
     from tqdm import tqdm
 
@@ -127,9 +146,9 @@ def main() -> None:
         for r, (t, n), order in jobs:
             for c in order:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
-                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads, a.ngl)["tok_s"])
+                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads, a.ngl, model)["tok_s"])
                 bar.update()
-    benchlib.write_record(a.out, {"threads": a.threads, "n_gpu_layers": a.ngl, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
+    benchlib.write_record(a.out, {"model": model or "default", "threads": a.threads, "n_gpu_layers": a.ngl, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
 
     base = "stock" if "stock" in configs else configs[0]
     print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")

