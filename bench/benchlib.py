@@ -154,4 +154,6 @@ def write_record(path: str | os.PathLike, report: dict) -> None:
     report.setdefault("machine", machine())
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(report, indent=1, default=str))
+    tmp = p.with_name(p.name + ".tmp")  # renamed into place: a run killed mid-write leaves the last record
+    tmp.write_text(json.dumps(report, indent=1, default=str))
+    os.replace(tmp, p)

@@ -148,7 +148,9 @@ def main() -> None:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
                 samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads, a.ngl, model)["tok_s"])
                 bar.update()
-    benchlib.write_record(a.out, {"model": model or "default", "threads": a.threads, "n_gpu_layers": a.ngl, "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
+                # after every sample: a run stopped by a time limit keeps what it measured
+                benchlib.write_record(a.out, {"model": model or "default", "threads": a.threads, "n_gpu_layers": a.ngl,
+                                              "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
 
     base = "stock" if "stock" in configs else configs[0]
     print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")

@@ -203,7 +203,7 @@ stage2() {
         if [ "${BENCH:-1}" = 1 ]; then
             echo "== runtime cost, t=$((SECONDS - t0)) s"
             timeout "$(left ${BENCH_S:-150})" python3 bench/runtime_cost.py -ngl -1 --model "$M" \
-                ${BENCH_ARGS:---configs stock,mixed+logn --reps 3} --out "$out/runtime_cost.json" 2>/dev/null
+                ${BENCH_ARGS:---configs stock,mixed+logn --reps 3} --out "$out/runtime_cost.json" 2>"$out/bench.err"
             if [ "${DYNAMIC_BENCH:-1}" = 1 ]; then
                 echo "== dynamic cost, t=$((SECONDS - t0)) s"
                 timeout "$(left 60)" python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
@@ -221,7 +221,9 @@ stage2() {
 
 grid() {
     local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
-    mkdir -p "$c" && cp -a docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
+    # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
+    # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
+    mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
     local sf=4096; [ "${MODEL:-smollm2}" = gemma3 ] && sf=16384     # as docs/results.md's commands
     local E="eval compare $M --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
