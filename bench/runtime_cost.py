@@ -1,6 +1,7 @@
 """What the patch costs at run time: prefill and decode speed, patched vs unpatched llama.cpp.
 
-Configurations, on the default real model (SmolLM2-135M-Instruct Q4_1), CPU, flash attention on:
+Configurations, on the default real model (SmolLM2-135M-Instruct Q4_1; ``--model`` another), CPU
+(``-ngl`` offloads), flash attention on:
 
 - ``stock``        unpatched llama.cpp of the same pinned tree (bench/build-stock.sh), plain RoPE
 - ``none``         patched library, method none
@@ -10,11 +11,14 @@ Configurations, on the default real model (SmolLM2-135M-Instruct Q4_1), CPU, fla
 Tasks: prefill of 512, 4096 and 16384 tokens from an empty context (tokens/s), and decode of 128
 tokens at depth 8192 (tokens/s, prefill not counted). Every measurement runs in a fresh process
 (one model load per task, one warm-up ubatch first; prefills shorter than 2048 tokens are repeated
-in the process and their median kept; with layers on a GPU every prefill at least 5 times); repetitions alternate the configurations (rotated order per round) so
-drift hits all alike. Prints per-task medians, min–max spread, and ratios to ``stock``; writes
+in the process and their median kept; with layers on a GPU two warm-up prefills, then repeats for
+5 times and 2 s at least); with ``--persistent`` one process per configuration serves every
+sample instead (the model loaded once: many rounds in little time where loading dominates, as on
+a GPU). Repetitions alternate the configurations (rotated order per round) so drift hits all
+alike. Prints per-task medians, min–max spread, and ratios to ``stock``; writes
 JSON with every sample.
 
-    .venv/bin/python bench/runtime_cost.py [--reps 3] [--lengths 512,4096,16384] [--decode-depth 8192] [--model gemma3]
+    .venv/bin/python bench/runtime_cost.py [--reps 3] [--lengths 512,4096,16384] [--decode-depth 8192] [--model gemma3] [--persistent]
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from typing import Any
 
 import benchlib
 from benchlib import ROOT, paired_ratios, spread
@@ -35,9 +41,9 @@ CONFIGS = ["stock", "none", "mixed", "mixed+logn"]
 N_DECODE = 128
 
 
-def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> dict:
-    """Runs in a child process: load ``model`` (default: the default model), measure one task,
-    return the sample."""
+def load(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> tuple[Any, list[int]]:
+    """In a child process: load ``model`` (default: the default model) as ``config`` wants it;
+    return the ``Llama`` and the benchmark text's tokens."""
     from ggufrope import runtime
     from ggufrope.models import default_model_path
 
@@ -54,7 +60,12 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 
         kb = {"factor": 2.0, "exponent": 0.625} if method == "ntk-mixed" else {}  # k and b only where they apply
         llm = runtime.load(model, method=method, logn=logn, n_ctx=n_ctx, n_batch=512,
                            n_ubatch=512, n_threads=threads, n_threads_batch=threads, n_gpu_layers=ngl, **kb)
-    tokens = benchlib.real_tokens(llm)
+    return llm, benchlib.real_tokens(llm)
+
+
+def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0) -> dict:
+    """One sample of ``task`` (prefill of ``n`` tokens from an empty context, or decode of
+    N_DECODE tokens at depth ``n``) on a loaded ``llm``."""
     prompt = tokens[:n]
     assert len(prompt) == n
     # Warm-up: one ubatch, so page faults on the mmapped weights, thread start-up and the first
@@ -92,7 +103,23 @@ def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 
     return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
 
 
-def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "") -> dict:
+def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> dict:
+    """Runs in a child process: load, measure one task, return the sample."""
+    llm, tokens = load(config, n_ctx, threads, ngl, model)
+    return measure(llm, tokens, task, n, ngl)
+
+
+def serve(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> None:
+    """``--persistent``'s child: load once, then answer ``TASK N`` lines on stdin with one JSON
+    sample a line on stdout, until stdin closes."""
+    llm, tokens = load(config, n_ctx, threads, ngl, model)
+    print(json.dumps({"ready": config}), flush=True)
+    for line in sys.stdin:
+        task, n = line.split()
+        print(json.dumps(measure(llm, tokens, task, int(n), ngl)), flush=True)
+
+
+def child_env(config: str) -> dict[str, str]:
     env = dict(os.environ)
     if config == "stock":
         if not (STOCK_LIB / "libllama.so").exists():
@@ -100,11 +127,46 @@ def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int
         env["LLAMA_CPP_LIB_PATH"] = str(STOCK_LIB)
     else:
         env.pop("LLAMA_CPP_LIB_PATH", None)
+    return env
+
+
+def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "") -> dict:
     r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl), model],
-                       capture_output=True, text=True, env=env)
+                       capture_output=True, text=True, env=child_env(config))
     if r.returncode != 0:
         sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class Server:
+    """One ``serve`` child per configuration (``--persistent``): the model is loaded once, and the
+    rounds alternate between the children (only one measures at a time; the others wait on stdin)."""
+
+    def __init__(self, config: str, n_ctx: int, threads: int, ngl: int, model: str):
+        self.config = config
+        self.err = tempfile.TemporaryFile(mode="w+")
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", config, str(n_ctx), str(threads), str(ngl), model],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                  env=child_env(config))
+        self._read()
+
+    def _read(self) -> dict:
+        line = self.p.stdout.readline() if self.p.stdout else ""
+        if not line:
+            self.err.seek(0)
+            sys.exit(f"runtime_cost: error: the {self.config} worker stopped:\n{self.err.read()[-3000:]}")
+        return json.loads(line)
+
+    def __call__(self, task: str, n: int) -> dict:
+        assert self.p.stdin is not None
+        self.p.stdin.write(f"{task} {n}\n")
+        self.p.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.p.stdin:
+            self.p.stdin.close()
+        self.p.wait(timeout=60)
 
 
 def main() -> None:
@@ -119,12 +181,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(benchlib.OUT_DIR / "runtime_cost.json"))
     ap.add_argument("--model", default=None, metavar="NAME_OR_GGUF",
                     help="a real model's name (python -m ggufrope.models --help) or a GGUF path [default model]")
+    ap.add_argument("--persistent", action="store_true",
+                    help="one process per configuration for the whole run (the model loaded once), rounds alternating "
+                         "between them; default: a fresh process per sample")
+    ap.add_argument("--serve", nargs=5, metavar=("CONFIG", "N_CTX", "THREADS", "NGL", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--worker", nargs=7, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL", "MODEL"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         c, task, n, n_ctx, th, ngl, model = a.worker
         print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl), model or None)))
+        return
+    if a.serve:
+        c, n_ctx, th, ngl, model = a.serve
+        serve(c, int(n_ctx), int(th), int(ngl), model or None)
         return
     model = ""
     if a.model:
@@ -142,15 +212,20 @@ def main() -> None:
     n_ctx = max([n for _, n in tasks] + [a.decode_depth + N_DECODE]) + 512
     samples: dict[str, dict[str, list[float]]] = {f"{t}@{n}": {c: [] for c in configs} for t, n in tasks}
     jobs = [(r, (t, n), configs[r % len(configs):] + configs[: r % len(configs)]) for r in range(a.reps) for t, n in tasks]
+    servers = {c: Server(c, n_ctx, a.threads, a.ngl, model) for c in configs} if a.persistent else {}
     with tqdm(total=a.reps * len(tasks) * len(configs), unit="run", file=sys.stderr) as bar:
         for r, (t, n), order in jobs:
             for c in order:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
-                samples[f"{t}@{n}"][c].append(run_child(c, t, n, n_ctx, a.threads, a.ngl, model)["tok_s"])
+                sample = servers[c](t, n) if servers else run_child(c, t, n, n_ctx, a.threads, a.ngl, model)
+                samples[f"{t}@{n}"][c].append(sample["tok_s"])
                 bar.update()
                 # after every sample: a run stopped by a time limit keeps what it measured
                 benchlib.write_record(a.out, {"model": model or "default", "threads": a.threads, "n_gpu_layers": a.ngl,
-                                              "n_ctx": n_ctx, "reps": a.reps, "tok_s": samples})
+                                              "n_ctx": n_ctx, "reps": a.reps, "persistent": a.persistent,
+                                              "tok_s": samples})
+    for srv in servers.values():
+        srv.close()
 
     base = "stock" if "stock" in configs else configs[0]
     print(f"\n{'task':16s}" + "".join(f"{c:>24s}" for c in configs) + "   (tokens/s: median [min-max]; ratio to " + base + ")")

@@ -139,11 +139,13 @@ def test_set_speed_inplace_smoke(tmp_path):
 
 
 @pytest.mark.real_model
-def test_runtime_cost_smoke(patched_lib, tmp_path):
+@pytest.mark.parametrize("persistent", [False, True], ids=["process-per-sample", "persistent"])
+def test_runtime_cost_smoke(patched_lib, tmp_path, persistent):
     out = tmp_path / "rc.json"
     r = _bench("runtime_cost.py", "--configs", "none,mixed", "--lengths", "256", "--decode-depth", "0", "--reps", "2",
-               "--threads", "1", "--out", str(out))
+               "--threads", "1", "--out", str(out), *(["--persistent"] if persistent else []))
     assert r.returncode == 0, r.stdout + r.stderr
     rec = json.loads(out.read_text())
+    assert rec["persistent"] is persistent
     assert [len(v) for v in rec["tok_s"]["prefill@256"].values()] == [2, 2] and rec["machine"]["cores"] >= 1
     assert re.search(r"prefill@256 +mixed/none \d+\.\d{3} \[\d+\.\d{3}-\d+\.\d{3}\]", r.stdout), r.stdout
