@@ -10,8 +10,8 @@ Configurations, on the default real model (SmolLM2-135M-Instruct Q4_1; ``--model
 
 Tasks: prefill of 512, 4096 and 16384 tokens from an empty context (tokens/s), and decode of 128
 tokens at depth 8192 (tokens/s, prefill not counted). Every measurement runs in a fresh process
-(one model load per task, one warm-up ubatch first; prefills shorter than 2048 tokens are repeated
-in the process and their median kept; with layers on a GPU two warm-up prefills, then repeats for
+(one model load per task, one warm-up ubatch first; prefills shorter than ``--prefill-tokens``
+(2048) are repeated in the process, about that many tokens in all, and their median kept; with layers on a GPU two warm-up prefills, then repeats for
 5 times and 2 s at least); with ``--persistent`` one process per configuration serves every
 sample instead (the model loaded once: many rounds in little time where loading dominates, as on
 a GPU). Repetitions alternate the configurations (rotated order per round) so drift hits all
@@ -63,7 +63,7 @@ def load(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None 
     return llm, benchlib.real_tokens(llm)
 
 
-def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0) -> dict:
+def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0, prefill_tokens: int = 2048) -> dict:
     """One sample of ``task`` (prefill of ``n`` tokens from an empty context, or decode of
     N_DECODE tokens at depth ``n``) on a loaded ``llm``."""
     prompt = tokens[:n]
@@ -80,7 +80,7 @@ def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0) -> dic
         return time.perf_counter() - t0
 
     if task == "prefill":
-        # Short prefills are repeated in the process (about 2048 tokens in all) and the median kept;
+        # Short prefills are repeated in the process (about prefill_tokens in all) and the median kept;
         # with layers on a GPU one takes 0.01-0.6 s and, with 5 repeats a process, the 4096 and 16384
         # medians spread by 2x between processes (H200, 2026-11-26): there two whole prefills warm
         # up first, and the prefill repeats for at least 5 times and 2 s.
@@ -91,7 +91,7 @@ def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0) -> dic
             while len(times) < 5 or time.perf_counter() < t_end:
                 times.append(prefill())
         else:
-            times = [prefill() for _ in range(max(1, 2048 // n))]
+            times = [prefill() for _ in range(max(1, prefill_tokens // n))]
         t_prefill = statistics.median(times)
         return {"tok_s": n / t_prefill, "seconds": t_prefill, "inner": times}
     prefill()
@@ -103,20 +103,22 @@ def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0) -> dic
     return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
 
 
-def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> dict:
+def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None,
+           prefill_tokens: int = 2048) -> dict:
     """Runs in a child process: load, measure one task, return the sample."""
     llm, tokens = load(config, n_ctx, threads, ngl, model)
-    return measure(llm, tokens, task, n, ngl)
+    return measure(llm, tokens, task, n, ngl, prefill_tokens)
 
 
-def serve(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None) -> None:
+def serve(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None,
+          prefill_tokens: int = 2048) -> None:
     """``--persistent``'s child: load once, then answer ``TASK N`` lines on stdin with one JSON
     sample a line on stdout, until stdin closes."""
     llm, tokens = load(config, n_ctx, threads, ngl, model)
     print(json.dumps({"ready": config}), flush=True)
     for line in sys.stdin:
         task, n = line.split()
-        print(json.dumps(measure(llm, tokens, task, int(n), ngl)), flush=True)
+        print(json.dumps(measure(llm, tokens, task, int(n), ngl, prefill_tokens)), flush=True)
 
 
 def child_env(config: str) -> dict[str, str]:
@@ -130,8 +132,10 @@ def child_env(config: str) -> dict[str, str]:
     return env
 
 
-def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "") -> dict:
-    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl), model],
+def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "",
+              prefill_tokens: int = 2048) -> dict:
+    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl), model,
+                        str(prefill_tokens)],
                        capture_output=True, text=True, env=child_env(config))
     if r.returncode != 0:
         sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
@@ -142,10 +146,11 @@ class Server:
     """One ``serve`` child per configuration (``--persistent``): the model is loaded once, and the
     rounds alternate between the children (only one measures at a time; the others wait on stdin)."""
 
-    def __init__(self, config: str, n_ctx: int, threads: int, ngl: int, model: str):
+    def __init__(self, config: str, n_ctx: int, threads: int, ngl: int, model: str, prefill_tokens: int = 2048):
         self.config = config
         self.err = tempfile.TemporaryFile(mode="w+")
-        self.p = subprocess.Popen([sys.executable, __file__, "--serve", config, str(n_ctx), str(threads), str(ngl), model],
+        self.p = subprocess.Popen([sys.executable, __file__, "--serve", config, str(n_ctx), str(threads), str(ngl), model,
+                                   str(prefill_tokens)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
                                   env=child_env(config))
         self._read()
@@ -184,17 +189,20 @@ def main() -> None:
     ap.add_argument("--persistent", action="store_true",
                     help="one process per configuration for the whole run (the model loaded once), rounds alternating "
                          "between them; default: a fresh process per sample")
-    ap.add_argument("--serve", nargs=5, metavar=("CONFIG", "N_CTX", "THREADS", "NGL", "MODEL"), help=argparse.SUPPRESS)
-    ap.add_argument("--worker", nargs=7, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL", "MODEL"),
+    ap.add_argument("--prefill-tokens", type=int, default=2048, metavar="N",
+                    help="on the CPU, repeat shorter prefills in the process up to about N tokens in all")
+    ap.add_argument("--serve", nargs=6, metavar=("CONFIG", "N_CTX", "THREADS", "NGL", "MODEL", "PREFILL_TOKENS"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--worker", nargs=8, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL", "MODEL", "PREFILL_TOKENS"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        c, task, n, n_ctx, th, ngl, model = a.worker
-        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl), model or None)))
+        c, task, n, n_ctx, th, ngl, model, pt = a.worker
+        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl), model or None, int(pt))))
         return
     if a.serve:
-        c, n_ctx, th, ngl, model = a.serve
-        serve(c, int(n_ctx), int(th), int(ngl), model or None)
+        c, n_ctx, th, ngl, model, pt = a.serve
+        serve(c, int(n_ctx), int(th), int(ngl), model or None, int(pt))
         return
     model = ""
     if a.model:
@@ -212,12 +220,12 @@ def main() -> None:
     n_ctx = max([n for _, n in tasks] + [a.decode_depth + N_DECODE]) + 512
     samples: dict[str, dict[str, list[float]]] = {f"{t}@{n}": {c: [] for c in configs} for t, n in tasks}
     jobs = [(r, (t, n), configs[r % len(configs):] + configs[: r % len(configs)]) for r in range(a.reps) for t, n in tasks]
-    servers = {c: Server(c, n_ctx, a.threads, a.ngl, model) for c in configs} if a.persistent else {}
+    servers = {c: Server(c, n_ctx, a.threads, a.ngl, model, a.prefill_tokens) for c in configs} if a.persistent else {}
     with tqdm(total=a.reps * len(tasks) * len(configs), unit="run", file=sys.stderr) as bar:
         for r, (t, n), order in jobs:
             for c in order:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
-                sample = servers[c](t, n) if servers else run_child(c, t, n, n_ctx, a.threads, a.ngl, model)
+                sample = servers[c](t, n) if servers else run_child(c, t, n, n_ctx, a.threads, a.ngl, model, a.prefill_tokens)
                 samples[f"{t}@{n}"][c].append(sample["tok_s"])
                 bar.update()
                 # after every sample: a run stopped by a time limit keeps what it measured

@@ -143,7 +143,7 @@ def test_set_speed_inplace_smoke(tmp_path):
 def test_runtime_cost_smoke(patched_lib, tmp_path, persistent):
     out = tmp_path / "rc.json"
     r = _bench("runtime_cost.py", "--configs", "none,mixed", "--lengths", "256", "--decode-depth", "0", "--reps", "2",
-               "--threads", "1", "--out", str(out), *(["--persistent"] if persistent else []))
+               "--threads", "1", "--prefill-tokens", "256", "--out", str(out), *(["--persistent"] if persistent else []))
     assert r.returncode == 0, r.stdout + r.stderr
     rec = json.loads(out.read_text())
     assert rec["persistent"] is persistent
