@@ -18,15 +18,38 @@
 #   CPU_REF=DIR     DIR/gen-cpu-16384.txt, gen-cpu-32768.txt: the same greedy runs on a CPU build of
 #                   another machine, compared with the GPU's too
 #   PY=python       the interpreter (default .venv/bin/python)
+#
+#   native/gpu-check.sh --inputs DIR   (no GPU needed) only write step 4's inputs to DIR: the set
+#                   file smollm2-mixed-logn.gguf and prompt-16384.txt, prompt-32768.txt
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+PY=${PY:-.venv/bin/python}
+
+# step 4's inputs (also native/gpu-lent.sh cpuref's, for its CPU reference runs)
+inputs() {
+    local model
+    model=$($PY -m ggufrope.models) || return 1
+    $PY -m ggufrope set "$model" --method mixed --b 0.625 --logn -o "$1/smollm2-mixed-logn.gguf" > /dev/null || return 1
+    $PY - "$1" <<'PYEOF'
+import sys
+from ggufrope.corpus import demo_text, load_text
+out = sys.argv[1]
+open(f"{out}/prompt-16384.txt", "w").write(demo_text())                        # ~12,500 tokens
+open(f"{out}/prompt-32768.txt", "w").write(load_text("areopagitica"))          # ~24,400 tokens
+PYEOF
+}
+if [ "${1:-}" = --inputs ]; then
+    [ -n "${2:-}" ] && mkdir -p "$2" || { echo "usage: native/gpu-check.sh --inputs DIR" >&2; exit 2; }
+    inputs "$2" || { echo "gpu-check: error: could not write step 4's inputs" >&2; exit 1; }
+    exit 0
+fi
+
 OUT=build/gpu-check
 mkdir -p "$OUT"
 REPORT=${REPORT:-$OUT/report.txt}
 : > "$REPORT"
-PY=${PY:-.venv/bin/python}
 STEPS=" ${STEPS:-1 2 3 4} "
 step() { [[ $STEPS == *" $1 "* ]]; }
 say() { echo "$*" | tee -a "$REPORT"; }
@@ -71,15 +94,7 @@ fi
 step 4 || exit 0
 
 # 4. the real model, all layers on the GPU
-MODEL=$($PY -m ggufrope.models) || { say "model: FAILED"; exit 1; }
-$PY -m ggufrope set "$MODEL" --method mixed --b 0.625 --logn -o "$OUT/smollm2-mixed-logn.gguf" > /dev/null
-$PY - "$OUT" <<'PYEOF'
-import sys
-from ggufrope.corpus import demo_text, load_text
-out = sys.argv[1]
-open(f"{out}/prompt-16384.txt", "w").write(demo_text())                        # ~12,500 tokens
-open(f"{out}/prompt-32768.txt", "w").write(load_text("areopagitica"))          # ~24,400 tokens
-PYEOF
+inputs "$OUT" || { say "model: FAILED"; exit 1; }
 for n in 16384 32768; do
     /usr/bin/time -f "%e s" -o "$OUT/time-gpu-$n" $PY -m ggufrope generate "$OUT/smollm2-mixed-logn.gguf" \
         --n-ctx $n -f "$OUT/prompt-$n.txt" -n 32 --gpu-layers -1 > "$OUT/gen-gpu-$n.txt" 2> "$OUT/gen-gpu-$n.log"

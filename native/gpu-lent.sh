@@ -118,13 +118,8 @@ pack() {
 }
 
 cpuref() {
-    local o=$BUILD/gpu/cpu-ref PY=.venv/bin/python m
-    mkdir -p "$o"
-    m=$($PY -m ggufrope.models) || die "no default model"
-    $PY -m ggufrope set "$m" --method mixed --b 0.625 --logn -o "$o/smollm2-mixed-logn.gguf" >/dev/null
-    # the prompts of native/gpu-check.sh step 4
-    $PY -c 'import sys; from ggufrope.corpus import demo_text, load_text
-open(sys.argv[1] + "/prompt-16384.txt", "w").write(demo_text()); open(sys.argv[1] + "/prompt-32768.txt", "w").write(load_text("areopagitica"))' "$o"
+    local o=$BUILD/gpu/cpu-ref PY=.venv/bin/python
+    PY=$PY native/gpu-check.sh --inputs "$o" || die "no inputs for the CPU runs"   # step 4's file and prompts
     for n in 16384 32768; do
         $PY -m ggufrope generate "$o/smollm2-mixed-logn.gguf" --n-ctx $n -f "$o/prompt-$n.txt" -n 32 --gpu-layers 0 \
             > "$o/gen-cpu-$n.txt" 2> "$o/gen-cpu-$n.log" || die "CPU run at $n"
