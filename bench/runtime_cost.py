@@ -103,17 +103,10 @@ def measure(llm: Any, tokens: list[int], task: str, n: int, ngl: int = 0, prefil
     return {"tok_s": N_DECODE / t_dec, "seconds": t_dec}
 
 
-def worker(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None,
-           prefill_tokens: int = 2048) -> dict:
-    """Runs in a child process: load, measure one task, return the sample."""
-    llm, tokens = load(config, n_ctx, threads, ngl, model)
-    return measure(llm, tokens, task, n, ngl, prefill_tokens)
-
-
 def serve(config: str, n_ctx: int, threads: int, ngl: int = 0, model: str | None = None,
           prefill_tokens: int = 2048) -> None:
-    """``--persistent``'s child: load once, then answer ``TASK N`` lines on stdin with one JSON
-    sample a line on stdout, until stdin closes."""
+    """The child process: load once, then answer ``TASK N`` lines on stdin with one JSON sample a
+    line on stdout, until stdin closes."""
     llm, tokens = load(config, n_ctx, threads, ngl, model)
     print(json.dumps({"ready": config}), flush=True)
     for line in sys.stdin:
@@ -132,19 +125,10 @@ def child_env(config: str) -> dict[str, str]:
     return env
 
 
-def run_child(config: str, task: str, n: int, n_ctx: int, threads: int, ngl: int = 0, model: str = "",
-              prefill_tokens: int = 2048) -> dict:
-    r = subprocess.run([sys.executable, __file__, "--worker", config, task, str(n), str(n_ctx), str(threads), str(ngl), model,
-                        str(prefill_tokens)],
-                       capture_output=True, text=True, env=child_env(config))
-    if r.returncode != 0:
-        sys.exit(f"runtime_cost: error: {config} {task} {n} failed:\n{r.stderr[-3000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
-
-
 class Server:
-    """One ``serve`` child per configuration (``--persistent``): the model is loaded once, and the
-    rounds alternate between the children (only one measures at a time; the others wait on stdin)."""
+    """A ``serve`` child of one configuration: a fresh one for every sample, or with
+    ``--persistent`` one for the whole run (the model loaded once; the rounds alternate between
+    the children, only one measures at a time, the others wait on stdin)."""
 
     def __init__(self, config: str, n_ctx: int, threads: int, ngl: int, model: str, prefill_tokens: int = 2048):
         self.config = config
@@ -193,13 +177,7 @@ def main() -> None:
                     help="on the CPU, repeat shorter prefills in the process up to about N tokens in all")
     ap.add_argument("--serve", nargs=6, metavar=("CONFIG", "N_CTX", "THREADS", "NGL", "MODEL", "PREFILL_TOKENS"),
                     help=argparse.SUPPRESS)
-    ap.add_argument("--worker", nargs=8, metavar=("CONFIG", "TASK", "N", "N_CTX", "THREADS", "NGL", "MODEL", "PREFILL_TOKENS"),
-                    help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.worker:
-        c, task, n, n_ctx, th, ngl, model, pt = a.worker
-        print(json.dumps(worker(c, task, int(n), int(n_ctx), int(th), int(ngl), model or None, int(pt))))
-        return
     if a.serve:
         c, n_ctx, th, ngl, model, pt = a.serve
         serve(c, int(n_ctx), int(th), int(ngl), model or None, int(pt))
@@ -220,12 +198,22 @@ def main() -> None:
     n_ctx = max([n for _, n in tasks] + [a.decode_depth + N_DECODE]) + 512
     samples: dict[str, dict[str, list[float]]] = {f"{t}@{n}": {c: [] for c in configs} for t, n in tasks}
     jobs = [(r, (t, n), configs[r % len(configs):] + configs[: r % len(configs)]) for r in range(a.reps) for t, n in tasks]
-    servers = {c: Server(c, n_ctx, a.threads, a.ngl, model, a.prefill_tokens) for c in configs} if a.persistent else {}
+    def server(c: str) -> Server:
+        return Server(c, n_ctx, a.threads, a.ngl, model, a.prefill_tokens)
+
+    def fresh(c: str, t: str, n: int) -> dict:
+        srv = server(c)
+        try:
+            return srv(t, n)
+        finally:
+            srv.close()
+
+    servers = {c: server(c) for c in configs} if a.persistent else {}
     with tqdm(total=a.reps * len(tasks) * len(configs), unit="run", file=sys.stderr) as bar:
         for r, (t, n), order in jobs:
             for c in order:
                 bar.set_description(f"rep {r + 1} {t}@{n} {c}")
-                sample = servers[c](t, n) if servers else run_child(c, t, n, n_ctx, a.threads, a.ngl, model, a.prefill_tokens)
+                sample = servers[c](t, n) if servers else fresh(c, t, n)
                 samples[f"{t}@{n}"][c].append(sample["tok_s"])
                 bar.update()
                 # after every sample: a run stopped by a time limit keeps what it measured

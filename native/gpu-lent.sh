@@ -219,7 +219,9 @@ grid() {
     # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
     # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
     mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
-    local sf=4096; [ "${MODEL:-smollm2}" = gemma3 ] && sf=16384     # as docs/results.md's commands
+    local sf   # L/2, as docs/results.md's commands (4096 for SmolLM2, 16384 for Gemma 3)
+    sf=$(python3 -c 'import sys; from ggufrope.evaluation.decoder import n_ctx_orig_of; print(n_ctx_orig_of(sys.argv[1]) // 2)' "$M") \
+        || { echo "grid: cannot read L of $M"; return 1; }
     local E="eval compare $M --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
