@@ -187,3 +187,34 @@ def test_tune_refuses_a_context_within_L_in_one_line(patched_lib, tiny, tmp_path
                                   "--held-out", _text(tmp_path / "h.txt", 2), "--cache", str(tmp_path / "c"), "-q"])
     assert r.exit_code != 0 and "within the trained context L = 64" in r.output
     assert "Traceback" not in r.output
+
+
+def test_tune_any_build_reuses_units_of_another_build(patched_lib, tiny, tmp_path):
+    """Units whose recorded build differs from the loaded library (a rebuild, another CPU) are
+    stale and recomputed by default; --any-build reuses them and tune.md counts the units per build."""
+    cal, held = _text(tmp_path / "cal.txt", 1), _text(tmp_path / "held.txt", 2)
+    cache = tmp_path / "cache"
+    args = ["tune", str(tiny.path), "-c", "128", "--text", cal, "--held-out", held, "--quick",
+            "--cache", str(cache), "-q", "-t", "2", "--batch-size", "128"]
+    r = CliRunner().invoke(main, args + ["-o", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "a" / "tune.md").read_text()
+    assert "library builds" not in md  # one build: no count line
+    files = sorted(p for p in cache.glob("ppl-*.json"))
+    assert len(files) == 11
+    for p in files[:4]:  # as if another build had computed 4 of the 11 units
+        u = json.loads(p.read_text())
+        u["build"] = {**u["build"], "library": "0123456789abcdef"}
+        p.write_text(json.dumps(u))
+    r = CliRunner().invoke(main, args + ["-o", str(tmp_path / "b"), "--any-build"])
+    assert r.exit_code == 0, r.output
+    res = json.loads((tmp_path / "b" / "tune.json").read_text())
+    assert res["units"] == {"computed": 0, "cached": 11, "stale": 0}
+    assert sorted(res["builds"].values()) == [4, 7]
+    md_b = (tmp_path / "b" / "tune.md").read_text()
+    assert "Units from 2 library builds: 7 by llama.cpp " in md_b and "; 4 by llama.cpp 0123456789abcdef" in md_b
+    assert md_b.split("\nUnits from")[0] == md.rstrip("\n") + "\n"  # the same numbers: nothing recomputed
+    r = CliRunner().invoke(main, args + ["-o", str(tmp_path / "c")])  # default: the 4 are stale, recomputed
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "c" / "tune.json").read_text())["units"] == {"computed": 4, "cached": 7, "stale": 4}
+    assert (tmp_path / "c" / "tune.md").read_text() == md

@@ -464,12 +464,15 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
 @click.option("--report-only", is_flag=True,
               help="Compute nothing: redo the search and the report from the cached units, whichever build computed "
                    "them (an error names the first unit not cached).")
+@click.option("--any-build", is_flag=True,
+              help="Reuse cached units whichever library build computed them (a rebuild of the same patches, another "
+                   "CPU) instead of recomputing them; tune.md counts the units per build.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ...], retrieval: bool, samples: int,
              quick: bool, score_from: int | None, write_out: str | None, out_dir: str, cache_dir: str | None,
-             report_only: bool, quiet: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int, threads: int | None,
-             verbose: bool) -> None:
+             report_only: bool, any_build: bool, quiet: bool, n_batch: int, n_ubatch: int | None, gpu_layers: int,
+             threads: int | None, verbose: bool) -> None:
     """Search method x b x log-n x attention factor x k x dynamic k for MODEL at n_ctx on
     calibration text, ranked by perplexity beyond L, with stock llama.cpp's YaRN and linear as
     references; then score the chosen setting, the seed default (ntk-mixed b=0.625 + log-n)
@@ -494,7 +497,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         raise GGUFRopeError(f"--held-out {', '.join(sorted(names & {t.name for t in hold}))} is also calibration text")
     cache = Cache(cache_dir or cache_root() / "units")
     with UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
-                    verbose=verbose, progress=not quiet, report_only=report_only) as runner:
+                    verbose=verbose, progress=not quiet, report_only=report_only, any_build=any_build) as runner:
         L = runner.L
         if n_ctx <= L:
             raise GGUFRopeError(f"--n-ctx {n_ctx} is within the trained context L = {L}: nothing to tune")
@@ -553,7 +556,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
         bar.close()
     md = T.markdown(search.trials, chosen, n_ctx=n_ctx, L=L, texts=[t.name for t in cal], held_out=held_out,
                     held_texts=[t.name for t in hold], label=lambda st: st.label(n_ctx, L),
-                    samples=samples if retrieval else None)
+                    samples=samples if retrieval else None, builds=runner.builds)
     os.makedirs(out_dir, exist_ok=True)
     atomic_json(__import__("pathlib").Path(out_dir) / "tune.json", {
         "model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "texts": [t.name for t in cal],

@@ -221,10 +221,13 @@ def pct(a: float, b: float) -> str:
 
 def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, texts: Sequence[str],
              held_out: dict[str, dict[str, float]] | None = None, held_texts: Sequence[str] = (),
-             label: Callable[[Setting], str] | None = None, samples: int | None = None) -> str:
+             label: Callable[[Setting], str] | None = None, samples: int | None = None,
+             builds: dict[str, int] | None = None) -> str:
     """The ranked table: rank, setting, stage, calibration perplexity beyond L, relative to the
     seed default and to YaRN (negative: better), niah_single where measured (``samples``: its
-    sample count, for the note under the table); then the held-out check."""
+    sample count, for the note under the table); then the held-out check; then, when the units
+    come from more than one library build (``builds``: units per :func:`ggufrope.evaluation.cache.build_id`),
+    a line counting them."""
     lab = label or Setting.label
     by = {t.setting: t for t in trials}
     sd, yarn = by.get(seed_default()), by.get(candidate("yarn"))
@@ -298,6 +301,10 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
             out.append("")
             out.append("The chosen setting " + ("beats" if beats else "does NOT beat") +
                        " both the seed default and YaRN on the held-out text.")
+    if builds and len(builds) > 1:
+        out.append("")
+        out.append("Units from " + str(len(builds)) + " library builds: " +
+                   "; ".join(f"{n} by {b}" for b, n in sorted(builds.items(), key=lambda x: -x[1])) + ".")
     return "\n".join(out) + "\n"
 
 

@@ -58,20 +58,21 @@ class UnitRunner:
 
     ``report_only``: compute nothing; a unit not cached is None (counted missing), a cached
     one is used whichever build computed it. Otherwise a unit is reused only when the build it
-    records is this one (:func:`ggufrope.evaluation.cache.build_info`); a stale one is
+    records is this one (:func:`ggufrope.evaluation.cache.build_info`), or with ``any_build``
+    whichever build computed it (a rebuild of the same patches, another CPU); a stale one is
     recomputed and overwritten. ``builds`` counts the units used per build. Call
     :meth:`close` (or use ``with``) to free the model."""
 
     def __init__(self, model: str | os.PathLike, cache: Cache, *, n_batch: int = 512, n_ubatch: int | None = None,
                  gpu_layers: int = 0, threads: int | None = None, verbose: bool = False, progress: bool = True,
-                 report_only: bool = False, log: Callable[[str], None] | None = None):
+                 report_only: bool = False, any_build: bool = False, log: Callable[[str], None] | None = None):
         self.model = model
         self.cache = cache
         self.L = n_ctx_orig_of(model)
         self.fp = model_fingerprint(model, cache.root)
         self.n_batch, self.n_ubatch = n_batch, n_ubatch
         self.gpu_layers, self.threads, self.verbose = gpu_layers, threads, verbose
-        self.progress, self.report_only = progress, report_only
+        self.progress, self.report_only, self.any_build = progress, report_only, any_build
         self.say = log or (lambda s: None)
         self.stats = GridStats()
         self.builds: dict[str, int] = {}
@@ -126,7 +127,7 @@ class UnitRunner:
             return None
         build = None if self.report_only else build_info(self.gpu_layers, FLASH_ATTN,
                                                          batch_sizes(self.n_batch, self.n_ubatch, n_ctx)[1])
-        if unit is not None and not self.report_only and unit.get("build") != build:
+        if unit is not None and not (self.report_only or self.any_build) and unit.get("build") != build:
             self.stats.stale += 1
             self.say(f"stale (another build) {label}: {build_id(unit.get('build'))}")
             unit = None
