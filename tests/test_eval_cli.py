@@ -199,7 +199,7 @@ def test_tune_any_build_reuses_units_of_another_build(patched_lib, tiny, tmp_pat
     r = CliRunner().invoke(main, args + ["-o", str(tmp_path / "a")])
     assert r.exit_code == 0, r.output
     md = (tmp_path / "a" / "tune.md").read_text()
-    assert "library builds" not in md  # one build: no count line
+    assert "Units computed by" not in md  # one build: no count line
     files = sorted(p for p in cache.glob("ppl-*.json"))
     assert len(files) == 11
     for p in files[:4]:  # as if another build had computed 4 of the 11 units
@@ -212,8 +212,10 @@ def test_tune_any_build_reuses_units_of_another_build(patched_lib, tiny, tmp_pat
     assert res["units"] == {"computed": 0, "cached": 11, "stale": 0}
     assert sorted(res["builds"].values()) == [4, 7]
     md_b = (tmp_path / "b" / "tune.md").read_text()
-    assert "Units from 2 library builds: 7 by llama.cpp " in md_b and "; 4 by llama.cpp 0123456789abcdef" in md_b
-    assert md_b.split("\nUnits from")[0] == md.rstrip("\n") + "\n"  # the same numbers: nothing recomputed
+    note = md_b.rstrip("\n").rsplit("\n", 1)[1]
+    assert note.startswith("Units computed by: llama.cpp 0123456789abcdef (patch ") and " (4 units); llama.cpp " in note
+    assert note.endswith(" (7 units).")
+    assert md_b.split("\nUnits computed by")[0] == md.rstrip("\n") + "\n"  # the same numbers: nothing recomputed
     r = CliRunner().invoke(main, args + ["-o", str(tmp_path / "c")])  # default: the 4 are stale, recomputed
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "c" / "tune.json").read_text())["units"] == {"computed": 4, "cached": 7, "stale": 4}

@@ -75,9 +75,7 @@ def markdown_table(res: dict[str, Any]) -> str:
     notes.append(f"Texts: {texts}; windows per text: {g['max_windows'] or 'all'}; scored from position {sf} "
                  "of each window (llama-perplexity's protocol).")
     if res.get("builds"):
-        names = {"unrecorded": "a build not recorded (units cached before builds were)"}
-        notes.append("Units computed by: " + "; ".join(
-            f"{names.get(b, b)} ({n} unit{'s' if n != 1 else ''})" for b, n in sorted(res["builds"].items())) + ".")
+        notes.append(builds_note(res["builds"]))
     if res.get("command"):
         notes.append(f"Command: `{res['command']}`")
     return "\n".join(lines + notes) + "\n"
@@ -334,6 +332,14 @@ def retrieval_table(res: dict[str, Any]) -> str:
                      f"{max(controls):.0f} % in any cell.")
     notes.append(f"Truncation baseline: the same prompts cut to their last L = {L} tokens, no method, n_ctx = L.")
     return "\n".join(lines + notes) + "\n"
+
+
+def builds_note(builds: dict[str, int]) -> str:
+    """One line naming the library builds that computed the units and how many each
+    (``builds``: units per :func:`ggufrope.evaluation.cache.build_id`)."""
+    names = {"unrecorded": "a build not recorded (units cached before builds were)"}
+    return "Units computed by: " + "; ".join(
+        f"{names.get(b, b)} ({n} unit{'s' if n != 1 else ''})" for b, n in sorted(builds.items())) + "."
 
 
 def report_markdown(res: dict[str, Any]) -> str:

@@ -227,7 +227,7 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
     seed default and to YaRN (negative: better), niah_single where measured (``samples``: its
     sample count, for the note under the table); then the held-out check; then, when the units
     come from more than one library build (``builds``: units per :func:`ggufrope.evaluation.cache.build_id`),
-    a line counting them."""
+    the report's line counting them (:func:`ggufrope.evaluation.report.builds_note`)."""
     lab = label or Setting.label
     by = {t.setting: t for t in trials}
     sd, yarn = by.get(seed_default()), by.get(candidate("yarn"))
@@ -302,9 +302,10 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
             out.append("The chosen setting " + ("beats" if beats else "does NOT beat") +
                        " both the seed default and YaRN on the held-out text.")
     if builds and len(builds) > 1:
+        from .report import builds_note
+
         out.append("")
-        out.append("Units from " + str(len(builds)) + " library builds: " +
-                   "; ".join(f"{n} by {b}" for b, n in sorted(builds.items(), key=lambda x: -x[1])) + ".")
+        out.append(builds_note(builds))
     return "\n".join(out) + "\n"
 
 
