@@ -52,7 +52,7 @@ def test_finds_an_interior_b_and_temperature_and_never_repeats_a_setting():
     assert stages[:2] == ["reference", "reference"] and {"b", "b refine", "log-n", "attention", "NTK-aware", "k",
                                                         "dynamic"} <= set(stages)
     assert T.seed_default() in calls  # the seed default is always measured, for the comparison
-    assert len(calls) <= 17  # affordable: 2 references + at most 15 candidates
+    assert len(calls) <= 19  # affordable: 2 references + at most 17 candidates
 
 
 def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
@@ -62,11 +62,33 @@ def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
     refine = sorted(t.setting.exponent for t in s.trials if t.stage == "b refine")
     assert refine == [0.375, 0.5625]  # one step below 0.5 (0.5 - 0.125), and the midpoint to 0.625
     assert best.setting.exponent == 0.375
-    assert len(calls) <= 17
+    assert len(calls) <= 19
     f, _ = objective(b_best=0.875)  # interior: midpoints only
     s = T.Search(f, 2.0)
     s.run()
     assert sorted(t.setting.exponent for t in s.trials if t.stage == "b refine") == [0.6875, 0.875]
+
+
+def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
+    def attn_tried(s):
+        return sorted({round(t.setting.attn_factor, 4) for t in s.trials if t.stage == "attention"})
+
+    f, calls = objective(attn_best=1.12)  # between the first step (1.105) and the second (1.14)
+    s = T.Search(f, 2.0)
+    best = s.run()
+    assert attn_tried(s) == [1.035, 1.07, 1.105, 1.14]  # 1.14 is tried (1.105 was the best), then it stops
+    assert best.setting.attn_factor == pytest.approx(1.105)
+    assert len(calls) == len(set(calls)) and len(calls) <= 19
+    f, _ = objective(attn_best=1.5)  # far beyond: two steps, no more
+    s = T.Search(f, 2.0)
+    assert s.run().setting.attn_factor == pytest.approx(1.14) and attn_tried(s)[-1] == 1.14
+    f, _ = objective(attn_best=1.08)  # 1.07 best, 1.105 worse: one step
+    s = T.Search(f, 2.0)
+    assert s.run().setting.attn_factor == pytest.approx(1.07) and attn_tried(s) == [1.035, 1.07, 1.105]
+    f, _ = objective(attn_best=1.035)  # interior: no step
+    s = T.Search(f, 2.0)
+    s.run()
+    assert attn_tried(s) == [1.035, 1.07]
 
 
 def test_k_stage_moves_k_when_it_helps():

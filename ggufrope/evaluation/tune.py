@@ -24,7 +24,9 @@ with k = n_ctx / L unless the k stage changes it):
 4. ``attention``: a constant attention factor s in {1.035, 1.07} (llama.cpp's
    ``rope.scaling.attn_factor``, which scales cos/sin of Q and K, so the logits by s^2), on
    top of the best, and instead of log-n when the best has it (the temperature may be
-   interior: seed 000's log-n is one schedule for it);
+   interior: seed 000's log-n is one schedule for it); when the best s is the largest tried,
+   up to two steps further (1.105, 1.14: YaRN's own 1 + 0.1 ln k is 1.139 at k = 4) while
+   they help, as ``b refine`` steps beyond the b grid;
 5. ``NTK-aware``: method ntk (seed 001's base change) with the best's log-n and s;
 6. ``k``: the best with k x 1.25, and x 1.5 if that helped;
 7. ``dynamic``: the best with dynamic k (seed 002's consistent dynamic mode).
@@ -50,6 +52,7 @@ from .decoder import Setting
 
 B_COARSE = (0.5, 0.625, 0.75, 1.0)
 ATTN_FACTORS = (1.035, 1.07)
+ATTN_STEP, ATTN_EDGE_STEPS = 0.035, 2
 K_STEPS = (1.25, 1.5)
 SEED_DEFAULT_B = 0.625
 
@@ -155,6 +158,14 @@ class Search:
             if top.logn:
                 for a in ATTN_FACTORS:
                     self.eval(_with(top, logn=False, attn=a), "attention")
+            # the best s at the edge of the grid: the optimum may lie beyond it
+            edge = ATTN_FACTORS[-1]
+            for _ in range(ATTN_EDGE_STEPS):
+                top = self.best().setting
+                if round(top.attn_factor, 4) != round(edge, 4):
+                    break
+                edge = round(edge + ATTN_STEP, 4)
+                self.eval(_with(top, attn=edge), "attention")
             # 5. NTK-aware with the best's log-n and attention
             top = self.best().setting
             self.eval(candidate("ntk", logn=top.logn, attn=top.attn_factor), "NTK-aware")
