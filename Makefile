@@ -60,7 +60,7 @@ demo: build
 	$(VENV)/bin/ggufrope generate $(DEMO_DIR)/$(MODEL)-mixed-logn.gguf --n-ctx $(DEMO_NCTX) -f $(DEMO_DIR)/long-$(MODEL).txt -n 64
 
 test: build stock tools
-	$(PY) -m pytest -ra
+	$(PY) -m pytest -ra --durations=20
 
 test-slow: build
 	$(PY) -m pytest -ra -m slow
