@@ -224,12 +224,13 @@ def test_write_refuses_stock_methods(patched_lib, tiny, tmp_path):
 
 
 @pytest.mark.real_model
-@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536", "smollm2-16384-retrieval"])
+@pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536", "smollm2-16384-retrieval",
+                                  "smollm2-32768-full"])
 def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name):
     """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
     writes from the units committed in docs/results/cache: the search, the niah_single re-ranking
     (--retrieval) and the held-out check redone, nothing typed by hand. The directory is named
-    MODEL-N_CTX[-retrieval] (MODEL: the fixture of that model)."""
+    MODEL-N_CTX[-retrieval|-full] (MODEL: the fixture of that model)."""
     import shutil
     from pathlib import Path
 
@@ -246,6 +247,7 @@ def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name
     args = ["tune", model, "-c", str(n_ctx), "--cache", str(tmp_path / "cache"), "-q",
             "--report-only", "-o", str(tmp_path / "out")]
     args += ["--quick"] if meta.get("quick") else []
+    args += ["--any-build"] if meta.get("any_build") else []
     args += ["--retrieval", "--samples", str(meta["retrieval_samples"])] if meta.get("retrieval_samples") else []
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output

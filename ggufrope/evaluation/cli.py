@@ -561,7 +561,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
     atomic_json(__import__("pathlib").Path(out_dir) / "tune.json", {
         "model": model, "n_ctx": n_ctx, "n_ctx_orig": L, "texts": [t.name for t in cal],
         "held_out_texts": [t.name for t in hold], "score_from": sf, "quick": quick,
-        "retrieval_samples": samples if retrieval else None,
+        "any_build": any_build, "retrieval_samples": samples if retrieval else None,
         "trials": [{"label": t.setting.label(n_ctx, L), "stage": t.stage, "role": t.role, "ppl_beyond": t.score,
                     **t.extra, "setting": T.setting_dict(t.setting)} for t in search.ranked()],
         "chosen": T.setting_dict(chosen.setting), "held_out": held_out,
