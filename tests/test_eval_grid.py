@@ -280,9 +280,9 @@ SUMMARY_ROWS = {
     "ntk-mixed b = 0.625, dynamic k": (None, ("smollm2-4x", "ntk-mixed (b=0.625) dyn")),
     "ntk-mixed b = 0.625 + log n, dynamic k (the default when no k is set)":
         (("smollm2-2x-dyn", "ntk-mixed (b=0.625) dyn + log-n"), ("smollm2-4x", "ntk-mixed (b=0.625) dyn + log-n")),
-    "`tune`'s choice by perplexity (b = 0.75, attn ×1.035; at 4×L + log n)":
+    "`tune`'s choice by perplexity (b = 0.75; 2×L: attn ×1.035; 4×L: dynamic k, attn ×1.07)":
         (("smollm2-2x-tuned", "ntk-mixed (b=0.75) attn×1.035"),
-         ("smollm2-4x-tuned", "ntk-mixed (b=0.75) + log-n attn×1.035")),
+         ("smollm2-4x-tuned-full", "ntk-mixed (b=0.75) dyn attn×1.07")),
     "truncation (the prompt cut to its last L tokens, none)": (("smollm2-2x", "truncate to L = 8192"), None),
 }
 
