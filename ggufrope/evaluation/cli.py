@@ -510,7 +510,7 @@ def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ..
                     raise GGUFRopeError(f"{flag} {t.name}: {n} tokens, fewer than one window of n_ctx {n_ctx}; "
                                         "give a longer text")
         sf = L // 2 if score_from is None else score_from
-        n_eval = (8 if quick else 19) * len(cal) + 3 * len(hold) + (5 * samples if retrieval else 0)
+        n_eval = T.max_settings(quick) * len(cal) + 3 * len(hold) + (5 * samples if retrieval else 0)
         bar = unit_bar(n_eval, "tune", disable=quiet)
 
         def pooled(st: T.Setting, txts: list) -> dict:

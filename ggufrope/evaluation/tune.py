@@ -66,6 +66,16 @@ def candidate(method: str, *, b: float | None = None, logn: bool = False, attn: 
     return Setting.for_grid(method, None if dynamic else k, b, logn, dynamic, None, attn)
 
 
+def max_settings(quick: bool = False) -> int:
+    """The most settings :meth:`Search.run` evaluates (references included): the progress bar's
+    total per calibration text. Full: 2 references, 4 b, 2 b refine, log-n, 4 attention factors,
+    ATTN_EDGE_STEPS beyond them, NTK-aware, one k per K_STEPS, dynamic; quick: references, b,
+    log-n and one attention factor."""
+    if quick:
+        return 2 + len(B_COARSE) + 1 + 1
+    return 2 + len(B_COARSE) + 2 + 1 + 2 * len(ATTN_FACTORS) + ATTN_EDGE_STEPS + 1 + len(K_STEPS) + 1
+
+
 def seed_default() -> Setting:
     """NTK-RoPE-mixed, b = 0.625, with log-n: seed 000's recommendation, ``make demo``'s setting."""
     return candidate("ntk-mixed", b=SEED_DEFAULT_B, logn=True)
