@@ -306,6 +306,9 @@ def test_results_summary_is_the_published_reports():
     def ppl(c) -> str:
         return "–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"
 
+    def niah(c):  # the cell's niah_single unit, None where there is none (yet)
+        return (c or {}).get("ruler", {}).get("niah_single")
+
     tune = json.loads((ROOT / "docs" / "results" / "tune" / "smollm2-16384-retrieval" / "tune.json").read_text())
     md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     block = md.split("<!-- summary-smollm2:start -->", 1)[1].split("<!-- summary-smollm2:end -->", 1)[0]
@@ -315,9 +318,9 @@ def test_results_summary_is_the_published_reports():
         seen.append(name)
         c2, c4 = (cell(ref) for ref in SUMMARY_ROWS[name])
         assert (ppl2, ppl4) == (ppl(c2), ppl(c4)), name
-        unit4 = (c4 or {}).get("ruler", {}).get("niah_single")
+        unit4 = niah(c4)
         assert niah4 == ("–" if unit4 is None else f"{unit4['score']:g} %"), name
-        unit = (c2 or {}).get("ruler", {}).get("niah_single")  # None: in the grid, not run yet
+        unit = niah(c2)  # None: in the grid, not run yet
         if c2 is None or (unit is None and "tune" not in name):
             assert niah2 == "–", name
             continue
