@@ -11,7 +11,9 @@
 #   native/gpu-lent.sh pack      here: build/gpu-carry/a (libraries, packages, corpus, the first part
 #                                of the model, the CPU reference runs) and build/gpu-carry/b, c, ... (the
 #                                rest of the model, one part a call); MODEL=gemma3 packs Gemma 3 270M
-#                                (253 MB: five calls) instead of the default model (two)
+#                                (253 MB: five calls) instead of the default model (two), and
+#                                MODEL="smollm2 gemma3" both (seven calls; the first is stage 2's
+#                                model, a grid job '@gemma3 ARGS' runs on the other)
 #   native/gpu-lent.sh stage1    there, carrying build/gpu-carry/a: unpack, set up, start steps 2-3
 #                                of native/gpu-check.sh in the background, return
 #   native/gpu-lent.sh stage2    there, carrying the last part, on the same warm machine (the middle
@@ -69,7 +71,7 @@ pack() {
     # the stock libggml-cuda as a zstd delta against the patched one, which shares all but two of
     # its objects; the Python packages; the corpus; the CPU reference runs; zstd), and the default
     # model split so that each call stays under the 64 MiB a call may carry (with the repository).
-    local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024)) psize m msize na
+    local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024)) psize m msize off len i
     rm -rf "$t" "$CARRY" && mkdir -p "$t/site" "$t/cache/models" "$t/bin" "$CARRY/a"
     pe=$(command -v patchelf || true)
     if [ -z "$pe" ]; then
@@ -99,20 +101,28 @@ pack() {
     cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
     cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
     tar -C "$t" -cJf "$CARRY/a/payload.tar.xz" .
-    m=$(.venv/bin/python -m ggufrope.models --model "${MODEL:-smollm2}") || die "no model ${MODEL:-smollm2}"
-    psize=$(stat -c %s "$CARRY/a/payload.tar.xz"); msize=$(stat -c %s "$m"); na=$((limit - psize))
-    [ $na -gt 0 ] || die "the payload ($psize bytes) leaves no room for the model in the first call"
-    # part i (00, 01, ...) goes to the i-th carry folder (a, b, ...): the first what the payload leaves
-    local i=0 off=0 len dirs=(a b c d e f g)
-    while [ $off -lt $msize ]; do
-        [ $i -lt ${#dirs[@]} ] || die "the model ($msize bytes) needs more than ${#dirs[@]} calls"
-        len=$([ $i = 0 ] && echo $na || echo $limit)
-        mkdir -p "$CARRY/${dirs[$i]}"
-        tail -c +$((off + 1)) "$m" | head -c $len > "$CARRY/${dirs[$i]}/model.$(printf %02d $i)"
-        off=$((off + len)) i=$((i + 1))
+    # the models ($MODEL: one or more names, space-separated; the first is the benchmark's), each cut
+    # into parts that fill the carry folders in order: a/ what the payload leaves, b/, c/, ... up to
+    # the limit; model<j>.<nn> is part nn of the j-th model, model<j>.name and .sha256 go in a/
+    local dirs=(a b c d e f g h i j) room mi=0 name k
+    psize=$(stat -c %s "$CARRY/a/payload.tar.xz"); room=$((limit - psize)); i=0
+    [ $room -gt 0 ] || die "the payload ($psize bytes) leaves no room for a model in the first call"
+    for name in ${MODEL:-smollm2}; do
+        m=$(.venv/bin/python -m ggufrope.models --model "$name") || die "no model $name"
+        msize=$(stat -c %s "$m"); off=0; k=0
+        while [ $off -lt $msize ]; do
+            [ $i -lt ${#dirs[@]} ] || die "the models need more than ${#dirs[@]} calls"
+            len=$((msize - off)); [ $len -gt $room ] && len=$room
+            mkdir -p "$CARRY/${dirs[$i]}"
+            tail -c +$((off + 1)) "$m" | head -c $len > "$CARRY/${dirs[$i]}/model$mi.$(printf %02d $k)"
+            off=$((off + len)) k=$((k + 1)) room=$((room - len))
+            [ $room -gt 0 ] || { i=$((i + 1)); room=$limit; }
+        done
+        sha256sum "$m" | cut -d' ' -f1 > "$CARRY/a/model$mi.sha256"
+        basename "$m" > "$CARRY/a/model$mi.name"
+        mi=$((mi + 1))
     done
-    sha256sum "$m" | cut -d' ' -f1 > "$CARRY/a/model.sha256"
-    basename "$m" > "$CARRY/a/model.name"
+    [ $room = $limit ] || i=$((i + 1))
     du -sb "$CARRY"/*
     say "$i calls: carry build/gpu-carry/a with stage1, the folders after it in the calls that follow, the last with stage2"
 }
@@ -177,20 +187,23 @@ stage2() {
     fi
     export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
     mkdir -p "$S/cache/models"
-    local name
-    name=$(cat "$CARRY/a/model.name" 2>/dev/null || echo SmolLM2-135M-Instruct.Q4_1.gguf)
-    ls "$CARRY"/*/model.[0-9][0-9] | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat > "$S/cache/models/$name"
-    if [ "$(sha256sum "$S/cache/models/$name" | cut -d' ' -f1)" = "$(cat "$CARRY/a/model.sha256")" ]; then
-        echo "model $name assembled from $(ls "$CARRY"/*/model.[0-9][0-9] | wc -l) parts"
-    else
-        say "model sha256 mismatch (parts here: $(ls "$CARRY"/*/model.[0-9][0-9] 2>&1 | tr '\n' ' '))"
-        rm -f "$S/cache/models/$name"
-    fi
+    local name f j
+    for f in "$CARRY"/a/model[0-9].name; do   # each model from its parts (pack), checked by its sha256
+        j=$(basename "$f" .name); name=$(cat "$f")
+        ls "$CARRY"/*/$j.[0-9][0-9] | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat > "$S/cache/models/$name"
+        if [ "$(sha256sum "$S/cache/models/$name" | cut -d' ' -f1)" = "$(cat "$CARRY/a/$j.sha256")" ]; then
+            echo "model $name assembled from $(ls "$CARRY"/*/$j.[0-9][0-9] | wc -l) parts"
+        else
+            say "model $name: sha256 mismatch (parts here: $(ls "$CARRY"/*/$j.[0-9][0-9] 2>&1 | tr '\n' ' '))"
+            rm -f "$S/cache/models/$name"
+        fi
+    done
     while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 150 ]; do sleep 2; done
     echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
     cat "$S/stage1.log"
     local M
-    if M=$(python3 -m ggufrope.models --model "${MODEL:-smollm2}" 2>&1); then
+    local first=(${MODEL:-smollm2})
+    if M=$(python3 -m ggufrope.models --model "${first[0]}" 2>&1); then
         if [ "${GPU_CHECK:-1}" = 1 ]; then
             echo "== gpu-check step 4, t=$((SECONDS - t0)) s"
             STEPS=4 REPORT=$BUILD/gpu-check/report-b.txt timeout "$(left 200)" native/gpu-check.sh
@@ -219,10 +232,14 @@ grid() {
     # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
     # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
     mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
-    local sf   # L/2, as docs/results.md's commands (4096 for SmolLM2, 16384 for Gemma 3)
-    sf=$(python3 -c 'import sys; from ggufrope.evaluation.decoder import n_ctx_orig_of; print(n_ctx_orig_of(sys.argv[1]) // 2)' "$M") \
-        || { echo "grid: cannot read L of $M"; return 1; }
-    local E="eval compare $M --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
+    # E MODEL: the eval command for MODEL, scored from L/2 as docs/results.md's commands (4096 for
+    # SmolLM2, 16384 for Gemma 3) unless SCORE_FROM says otherwise
+    E() {
+        local sf
+        sf=$(python3 -c 'import sys; from ggufrope.evaluation.decoder import n_ctx_orig_of; print(n_ctx_orig_of(sys.argv[1]) // 2)' "$1") \
+            || { echo "grid: cannot read L of $1" >&2; return 1; }
+        echo "eval compare $1 --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
+    }
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
     local jobs=(   # what docs/results.md still lacks, in its order (the 2xL passkey/vt columns and the
@@ -232,14 +249,23 @@ grid() {
         "$X4 $R --tasks vt --trials 0"
         "-c 16384 --methods ntk-mixed --logn both --dynamic off --text paradise_lost --max-windows 1 --trials 0"
     )
-    [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"   # one job a line, instead of the list above
+    # one job a line, instead of the list above; a line '@NAME ARGS' runs on the model NAME
+    # (python -m ggufrope.models --model NAME) instead of stage 2's first model
+    [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"
     local j left i=0
     for j in "${jobs[@]}"; do
         i=$((i + 1))
         left=$((deadline - (SECONDS - t0)))
         [ $left -gt 15 ] || { echo "grid: no time left for job $i and after"; break; }
-        echo "== grid job $i (t=$((SECONDS - t0)) s, $left s left): $j"
-        timeout $left python3 -m ggufrope $E $j --out "$S/grid-out-$i" > "$S/grid-$i.log" 2>&1
+        local mj=$M e
+        if [[ $j == @* ]]; then
+            mj=${j%% *}
+            mj=$(python3 -m ggufrope.models --model "${mj#@}") || { echo "grid: job $i: no model ${j%% *}"; continue; }
+            j=${j#* }
+        fi
+        e=$(E "$mj") || continue
+        echo "== grid job $i (t=$((SECONDS - t0)) s, $left s left, $(basename "$mj")): $j"
+        timeout $left python3 -m ggufrope $e $j --out "$S/grid-out-$i" > "$S/grid-$i.log" 2>&1
         echo "exit $? after t=$((SECONDS - t0)) s"; tail -n 3 "$S/grid-$i.log"
     done
     (cd "$c" && find . -type f -newer "$S/grid.start" -name '*.json' ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
