@@ -331,3 +331,49 @@ def test_results_summary_is_the_published_reports():
             score = t["niah_single"]
         assert niah2 == f"{score:g} %", name
     assert seen == list(SUMMARY_ROWS)
+
+
+GEMMA_SUMMARY_ROWS = {
+    "none (plain RoPE)": (("gemma3-2x", "none"), ("gemma3-4x", "none")),
+    "none + log n": (("gemma3-2x", "none + log-n"), ("gemma3-4x", "none + log-n")),
+    "linear (PI; stock `--rope-scaling linear`)": (("gemma3-2x", "linear"), ("gemma3-4x", "linear")),
+    "linear + log n": (("gemma3-2x", "linear + log-n"), ("gemma3-4x", "linear + log-n")),
+    "YaRN (stock `--rope-scaling yarn`)": (("gemma3-2x", "yarn"), ("gemma3-4x", "yarn")),
+    "YaRN + log n": (("gemma3-2x", "yarn + log-n"), ("gemma3-4x", "yarn + log-n")),
+    "ntk (NTK-aware)": (("gemma3-2x", "ntk"), ("gemma3-4x", "ntk")),
+    "ntk (NTK-aware) + log n": (("gemma3-2x", "ntk + log-n"), ("gemma3-4x", "ntk + log-n")),
+    "ntk-fixed": (("gemma3-2x", "ntk-fixed"), None),
+    "ntk-fixed + log n": (("gemma3-2x", "ntk-fixed + log-n"), None),
+    "ntk-mixed b = 0.625": (("gemma3-2x", "ntk-mixed (b=0.625)"), ("gemma3-4x", "ntk-mixed (b=0.625)")),
+    "ntk-mixed b = 0.625 + log n (seed 000's default)":
+        (("gemma3-2x", "ntk-mixed (b=0.625) + log-n"), ("gemma3-4x", "ntk-mixed (b=0.625) + log-n")),
+    "`tune --quick`'s choice at 2×L (b = 0.5, no log n)": (("gemma3-2x-tuned", "ntk-mixed (b=0.5)"), None),
+    "truncation (the prompt cut to its last L tokens, none)": (("gemma3-2x", "truncate to L = 32768"), None),
+}
+
+
+def test_results_gemma_summary_is_the_published_reports():
+    """Gemma 3's summary table at the top of docs/results.md (typed by hand) says what its published
+    v2 reports say: pooled perplexity beyond L at 2xL (three documents) and 4xL (one), niah_single
+    at 2xL; `–` exactly where a cell is not run yet (or not in the grid: None above)."""
+    v2 = ROOT / "docs" / "results" / "v2"
+
+    def cell(ref):
+        if ref is None:
+            return None
+        cells = json.loads((v2 / ref[0] / "results.json").read_text(encoding="utf-8"))["cells"]
+        (c,) = [c for c in cells if c["label"] == ref[1]]
+        return c
+
+    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    block = md.split("<!-- summary-gemma3:start -->", 1)[1].split("<!-- summary-gemma3:end -->", 1)[0]
+    seen = []
+    for ln in [x for x in block.splitlines() if x.startswith("| ")][1:]:
+        name, ppl2, niah2, ppl4 = (x.strip().replace("**", "") for x in ln.strip("|").split("|"))
+        seen.append(name)
+        c2, c4 = (cell(ref) for ref in GEMMA_SUMMARY_ROWS[name])
+        for got, c in ((ppl2, c2), (ppl4, c4)):
+            assert got == ("–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"), name
+        unit = ((c2 or {}).get("ruler") or {}).get("niah_single")
+        assert niah2 == ("–" if unit is None else f"{unit['score']:g} %"), name
+    assert seen == list(GEMMA_SUMMARY_ROWS)
