@@ -210,8 +210,8 @@ stage2() {
         fi
         if [ "${BENCH:-1}" = 1 ]; then
             echo "== runtime cost, t=$((SECONDS - t0)) s"
-            timeout "$(left ${BENCH_S:-150})" python3 bench/runtime_cost.py -ngl -1 --model "$M" \
-                ${BENCH_ARGS:---configs stock,mixed+logn --reps 5 --persistent} --out "$out/runtime_cost.json" 2>"$out/bench.err"
+            timeout "$(left ${BENCH_S:-200})" python3 bench/runtime_cost.py -ngl -1 --model "$M" \
+                ${BENCH_ARGS:---configs stock,none,mixed,mixed+logn --reps 5 --persistent} --out "$out/runtime_cost.json" 2>"$out/bench.err"
             if [ "${DYNAMIC_BENCH:-1}" = 1 ]; then
                 echo "== dynamic cost, t=$((SECONDS - t0)) s"
                 timeout "$(left 60)" python3 bench/dynamic_cost.py -ngl -1 --rounds 3 --out "$out/dynamic_cost.json" 2>/dev/null
