@@ -71,7 +71,7 @@ pack() {
     # the stock libggml-cuda as a zstd delta against the patched one, which shares all but two of
     # its objects; the Python packages; the corpus; the CPU reference runs; zstd), and the default
     # model split so that each call stays under the 64 MiB a call may carry (with the repository).
-    local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024)) psize m msize off len i
+    local t=$BUILD/gpu/pack sp=.venv/lib/python3*/site-packages pe cuda limit=$((60 * 1024 * 1024))
     rm -rf "$t" "$CARRY" && mkdir -p "$t/site" "$t/cache/models" "$t/bin" "$CARRY/a"
     pe=$(command -v patchelf || true)
     if [ -z "$pe" ]; then
@@ -101,30 +101,59 @@ pack() {
     cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
     cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
     tar -C "$t" -cJf "$CARRY/a/payload.tar.xz" .
-    # the models ($MODEL: one or more names, space-separated; the first is the benchmark's), each cut
-    # into parts that fill the carry folders in order: a/ what the payload leaves, b/, c/, ... up to
-    # the limit; model<j>.<nn> is part nn of the j-th model, model<j>.name and .sha256 go in a/
-    local dirs=(a b c d e f g h i j) room mi=0 name k
-    psize=$(stat -c %s "$CARRY/a/payload.tar.xz"); room=$((limit - psize)); i=0
-    [ $room -gt 0 ] || die "the payload ($psize bytes) leaves no room for a model in the first call"
+    local names=() name
     for name in ${MODEL:-smollm2}; do
-        m=$(.venv/bin/python -m ggufrope.models --model "$name") || die "no model $name"
+        names+=("$(.venv/bin/python -m ggufrope.models --model "$name")") || die "no model $name"
+    done
+    split_models "$CARRY" "$limit" "${names[@]}" || exit
+    du -sb "$CARRY"/*
+    say "$(ls -d "$CARRY"/*/ | wc -l) calls: carry build/gpu-carry/a with stage1, the folders after it in the calls that follow, the last with stage2"
+}
+
+split_models() {
+    # split_models CARRY LIMIT MODEL...: each model (the first is stage 2's) cut into parts that fill
+    # the carry folders CARRY/a, b, c, ... in order, each folder's files at most LIMIT bytes (a/ holds
+    # what is already in it, the payload); part nn of the j-th model is model<j>.<nn>, its file name
+    # and sha256 go to a/model<j>.name and .sha256 (join_models puts them together again)
+    local carry=$1 limit=$2 dirs=(a b c d e f g h i j) room i=0 mi=0 m msize off len k
+    shift 2
+    mkdir -p "$carry/a"
+    room=$((limit - $(find "$carry/a" -type f -printf '%s\n' | awk '{s += $1} END {print s + 0}')))
+    [ $room -gt 0 ] || die "$carry/a leaves no room for a model in the first call"
+    for m in "$@"; do
+        [ -f "$m" ] || die "no model file $m"
         msize=$(stat -c %s "$m"); off=0; k=0
         while [ $off -lt $msize ]; do
             [ $i -lt ${#dirs[@]} ] || die "the models need more than ${#dirs[@]} calls"
             len=$((msize - off)); [ $len -gt $room ] && len=$room
-            mkdir -p "$CARRY/${dirs[$i]}"
-            tail -c +$((off + 1)) "$m" | head -c $len > "$CARRY/${dirs[$i]}/model$mi.$(printf %02d $k)"
+            mkdir -p "$carry/${dirs[$i]}"
+            tail -c +$((off + 1)) "$m" | head -c $len > "$carry/${dirs[$i]}/model$mi.$(printf %02d $k)"
             off=$((off + len)) k=$((k + 1)) room=$((room - len))
             [ $room -gt 0 ] || { i=$((i + 1)); room=$limit; }
         done
-        sha256sum "$m" | cut -d' ' -f1 > "$CARRY/a/model$mi.sha256"
-        basename "$m" > "$CARRY/a/model$mi.name"
+        sha256sum "$m" | cut -d' ' -f1 > "$carry/a/model$mi.sha256"
+        basename "$m" > "$carry/a/model$mi.name"
         mi=$((mi + 1))
     done
-    [ $room = $limit ] || i=$((i + 1))
-    du -sb "$CARRY"/*
-    say "$i calls: carry build/gpu-carry/a with stage1, the folders after it in the calls that follow, the last with stage2"
+}
+
+join_models() {
+    # join_models CARRY DEST: each model split_models cut, joined from its parts in DEST, kept only
+    # when its sha256 is the one recorded (exit status 1 when one is missing or wrong)
+    local carry=$1 dest=$2 f j name st=0
+    mkdir -p "$dest"
+    for f in "$carry"/a/model[0-9].name; do
+        [ -f "$f" ] || { say "no model in $carry/a"; return 1; }
+        j=$(basename "$f" .name); name=$(cat "$f")
+        ls "$carry"/*/$j.[0-9][0-9] | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat > "$dest/$name"
+        if [ "$(sha256sum "$dest/$name" | cut -d' ' -f1)" = "$(cat "$carry/a/$j.sha256")" ]; then
+            echo "model $name assembled from $(ls "$carry"/*/$j.[0-9][0-9] | wc -l) parts"
+        else
+            say "model $name: sha256 mismatch (parts here: $(ls "$carry"/*/$j.[0-9][0-9] 2>&1 | tr '\n' ' '))"
+            rm -f "$dest/$name"; st=1
+        fi
+    done
+    return $st
 }
 
 cpuref() {
@@ -187,17 +216,7 @@ stage2() {
     fi
     export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
     mkdir -p "$S/cache/models"
-    local name f j
-    for f in "$CARRY"/a/model[0-9].name; do   # each model from its parts (pack), checked by its sha256
-        j=$(basename "$f" .name); name=$(cat "$f")
-        ls "$CARRY"/*/$j.[0-9][0-9] | awk -F/ '{print $NF "\t" $0}' | sort | cut -f2 | xargs cat > "$S/cache/models/$name"
-        if [ "$(sha256sum "$S/cache/models/$name" | cut -d' ' -f1)" = "$(cat "$CARRY/a/$j.sha256")" ]; then
-            echo "model $name assembled from $(ls "$CARRY"/*/$j.[0-9][0-9] | wc -l) parts"
-        else
-            say "model $name: sha256 mismatch (parts here: $(ls "$CARRY"/*/$j.[0-9][0-9] 2>&1 | tr '\n' ' '))"
-            rm -f "$S/cache/models/$name"
-        fi
-    done
+    join_models "$CARRY" "$S/cache/models"
     while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 150 ]; do sleep 2; done
     echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
     cat "$S/stage1.log"
@@ -292,6 +311,8 @@ import_units() {
 
 case ${1:-} in
     build|pack|cpuref|stage1|stage2) "$1" ;;
+    split-models) shift; split_models "$@" ;;   # the parts of pack and stage 2, alone (tests/test_gpu_lent.py)
+    join-models) shift; join_models "$@" ;;
     import) import_units "$@" ;;
     *) echo "usage: native/gpu-lent.sh build|pack|cpuref|stage1|stage2|import UNITS.tar.gz" >&2; exit 2 ;;
 esac

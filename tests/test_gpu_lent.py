@@ -43,3 +43,51 @@ def test_changed_source_is_compiled(tmp_path):
 def test_excepted_or_missing_object_is_compiled(tmp_path):
     assert launch(tmp_path, "rope.cu", "same", "same", except_="ggml-cuda.cu rope.cu") == "compiled"
     assert launch(tmp_path / "b", "argsort.cu", "same", "same", have_object=False) == "compiled"
+
+
+GPU_LENT = ROOT / "native" / "gpu-lent.sh"
+
+
+def lent(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(GPU_LENT), *args], capture_output=True, text=True)
+
+
+def test_models_split_over_the_carry_folders_and_join_again(tmp_path):
+    """pack's split: the models fill the carry folders in order, a/ after what is in it (the payload),
+    no folder over the limit; stage 2's join gives back each model byte for byte."""
+    carry, dest = tmp_path / "carry", tmp_path / "models"
+    (carry / "a").mkdir(parents=True)
+    (carry / "a" / "payload.tar.xz").write_bytes(b"p" * 700)
+    models = []
+    for name, size in (("small.gguf", 2500), ("large.gguf", 5300)):
+        m = tmp_path / name
+        m.write_bytes(os.urandom(size))
+        models.append(m)
+    r = lent("split-models", str(carry), "1000", *map(str, models))
+    assert r.returncode == 0, r.stderr
+    folders = sorted(d.name for d in carry.iterdir())
+    # 700 + 7800 bytes at 1000 a folder: nine folders, a to i
+    assert folders == list("abcdefghi")
+    for d in carry.iterdir():
+        assert sum(f.stat().st_size for f in d.iterdir() if f.name.startswith(("model", "payload")) and
+                   not f.name.endswith((".name", ".sha256"))) <= 1000, d.name
+    assert (carry / "a" / "model0.00").stat().st_size == 300            # what the payload leaves
+    # model 0 (2500) in a, b, c, d: 300 + 1000 + 1000 + 200; model 1 (5300) from d on: 800, 4 x 1000, 500
+    assert sorted(f.name for f in (carry / "d").iterdir()) == ["model0.03", "model1.00"]
+    assert (carry / "d" / "model1.00").stat().st_size == 800 and (carry / "i" / "model1.05").stat().st_size == 500
+    r = lent("join-models", str(carry), str(dest))
+    assert r.returncode == 0, r.stderr
+    for m in models:
+        assert (dest / m.name).read_bytes() == m.read_bytes()
+    assert "large.gguf assembled from 6 parts" in r.stdout
+
+
+def test_join_refuses_a_model_with_a_part_missing(tmp_path):
+    carry, dest = tmp_path / "carry", tmp_path / "models"
+    m = tmp_path / "m.gguf"
+    m.write_bytes(os.urandom(2500))
+    assert lent("split-models", str(carry), "1000", str(m)).returncode == 0
+    (carry / "b" / "model0.01").unlink()
+    r = lent("join-models", str(carry), str(dest))
+    assert r.returncode == 1
+    assert "sha256 mismatch" in r.stderr and not (dest / "m.gguf").exists()
