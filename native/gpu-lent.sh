@@ -270,6 +270,7 @@ grid() {
         "@gemma3 -c 65536 --methods linear --logn on $R --tasks niah_single --trials 0 --no-truncation"
         "@gemma3 -c 65536 --methods all --logn both $R --trials 10"
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
+        "@gemma3 -c 131072 --methods none,ntk --logn both --text docutils_manual --max-windows 1 --trials 0"
     )
     # one job a line, instead of the list above; a line '@NAME ARGS' runs on the model NAME
     # (python -m ggufrope.models --model NAME) instead of stage 2's first model
