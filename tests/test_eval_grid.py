@@ -260,6 +260,35 @@ def test_published_v2_reports_are_the_cached_units(request, tmp_path, report):
 
 
 
+def summary_cell(ref):
+    """The cell ``ref`` = (report in docs/results/v2, cell label) of a published report's
+    results.json; None for None (no cell in the grid)."""
+    if ref is None:
+        return None
+    cells = json.loads((ROOT / "docs" / "results" / "v2" / ref[0] / "results.json").read_text(encoding="utf-8"))["cells"]
+    (c,) = [c for c in cells if c["label"] == ref[1]]  # labels are unique ("dyn" in a dynamic row's)
+    return c
+
+
+def summary_ppl(c) -> str:
+    """A summary cell's perplexity: the pooled perplexity beyond L to two decimals, `–` where none."""
+    return "–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"
+
+
+def summary_niah(c):
+    """The cell's niah_single unit, None where there is none (yet)."""
+    return ((c or {}).get("ruler") or {}).get("niah_single")
+
+
+def summary_rows(tag: str) -> list[list[str]]:
+    """The rows of docs/results.md's hand-typed table between ``<!-- TAG:start -->`` and
+    ``<!-- TAG:end -->``, after its header: each a list of its cells, bold marks removed."""
+    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    block = md.split(f"<!-- {tag}:start -->", 1)[1].split(f"<!-- {tag}:end -->", 1)[0]
+    return [[x.strip().replace("**", "") for x in ln.strip("|").split("|")]
+            for ln in [x for x in block.splitlines() if x.startswith("| ")][1:]]
+
+
 #: rows of the summary table at the top of docs/results.md -> (report, cell label) in
 #: docs/results/v2 for 2xL and 4xL (None: no cell); tune's 2xL niah_single is its trial's
 SUMMARY_ROWS = {
@@ -294,33 +323,15 @@ def test_results_summary_is_the_published_reports():
     pooled perplexity beyond L to two decimals, `–` exactly where there is none yet; each
     niah_single cell (2xL and 4xL) is the score, `–` where it is not run yet. A unit computed
     without updating the summary fails here."""
-    v2 = ROOT / "docs" / "results" / "v2"
-
-    def cell(ref):
-        if ref is None:
-            return None
-        cells = json.loads((v2 / ref[0] / "results.json").read_text(encoding="utf-8"))["cells"]
-        (c,) = [c for c in cells if c["label"] == ref[1]]  # labels are unique ("dyn" in a dynamic row's)
-        return c
-
-    def ppl(c) -> str:
-        return "–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"
-
-    def niah(c):  # the cell's niah_single unit, None where there is none (yet)
-        return (c or {}).get("ruler", {}).get("niah_single")
-
     tune = json.loads((ROOT / "docs" / "results" / "tune" / "smollm2-16384-retrieval" / "tune.json").read_text())
-    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    block = md.split("<!-- summary-smollm2:start -->", 1)[1].split("<!-- summary-smollm2:end -->", 1)[0]
     seen = []
-    for ln in [x for x in block.splitlines() if x.startswith("| ")][1:]:  # after the header
-        name, ppl2, niah2, ppl4, niah4 = (x.strip().replace("**", "") for x in ln.strip("|").split("|"))
+    for name, ppl2, niah2, ppl4, niah4 in summary_rows("summary-smollm2"):
         seen.append(name)
-        c2, c4 = (cell(ref) for ref in SUMMARY_ROWS[name])
-        assert (ppl2, ppl4) == (ppl(c2), ppl(c4)), name
-        unit4 = niah(c4)
+        c2, c4 = (summary_cell(ref) for ref in SUMMARY_ROWS[name])
+        assert (ppl2, ppl4) == (summary_ppl(c2), summary_ppl(c4)), name
+        unit4 = summary_niah(c4)
         assert niah4 == ("–" if unit4 is None else f"{unit4['score']:g} %"), name
-        unit = niah(c2)  # None: in the grid, not run yet
+        unit = summary_niah(c2)  # None: in the grid, not run yet
         if c2 is None or (unit is None and "tune" not in name):
             assert niah2 == "–", name
             continue
@@ -356,24 +367,11 @@ def test_results_gemma_summary_is_the_published_reports():
     """Gemma 3's summary table at the top of docs/results.md (typed by hand) says what its published
     v2 reports say: pooled perplexity beyond L at 2xL (three documents) and 4xL (one), niah_single
     at 2xL; `–` exactly where a cell is not run yet (or not in the grid: None above)."""
-    v2 = ROOT / "docs" / "results" / "v2"
-
-    def cell(ref):
-        if ref is None:
-            return None
-        cells = json.loads((v2 / ref[0] / "results.json").read_text(encoding="utf-8"))["cells"]
-        (c,) = [c for c in cells if c["label"] == ref[1]]
-        return c
-
-    md = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
-    block = md.split("<!-- summary-gemma3:start -->", 1)[1].split("<!-- summary-gemma3:end -->", 1)[0]
     seen = []
-    for ln in [x for x in block.splitlines() if x.startswith("| ")][1:]:
-        name, ppl2, niah2, ppl4 = (x.strip().replace("**", "") for x in ln.strip("|").split("|"))
+    for name, ppl2, niah2, ppl4 in summary_rows("summary-gemma3"):
         seen.append(name)
-        c2, c4 = (cell(ref) for ref in GEMMA_SUMMARY_ROWS[name])
-        for got, c in ((ppl2, c2), (ppl4, c4)):
-            assert got == ("–" if c is None or c["ppl_beyond"] is None else f"{c['ppl_beyond']:.2f}"), name
-        unit = ((c2 or {}).get("ruler") or {}).get("niah_single")
+        c2, c4 = (summary_cell(ref) for ref in GEMMA_SUMMARY_ROWS[name])
+        assert (ppl2, ppl4) == (summary_ppl(c2), summary_ppl(c4)), name
+        unit = summary_niah(c2)
         assert niah2 == ("–" if unit is None else f"{unit['score']:g} %"), name
     assert seen == list(GEMMA_SUMMARY_ROWS)
