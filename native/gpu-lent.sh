@@ -215,7 +215,6 @@ stage2() {
         touch "$S/stage1.done"
     fi
     export PREBUILT=$S/lib-patched CPU_REF=$S/cpu-ref
-    mkdir -p "$S/cache/models"
     join_models "$CARRY" "$S/cache/models"
     while [ ! -f "$S/stage1.done" ] && [ $((SECONDS - t0)) -lt 150 ]; do sleep 2; done
     echo "stage 1 (steps 2-3) finished: $([ -f "$S/stage1.done" ] && echo yes || echo no), t=$((SECONDS - t0)) s"
