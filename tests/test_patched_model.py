@@ -20,7 +20,7 @@ import pytest
 
 from ggufrope import keys as Kk
 from test_reference_forward import K, L, N_CTX, assert_close, run_llama_cpp, tokens_for
-from tiny_models import write_tiny_llama, write_tiny_qwen2, write_tiny_qwen2vl
+from tiny_models import assert_refused_to_load, write_tiny_llama, write_tiny_qwen2, write_tiny_qwen2vl
 from torch_reference import forward
 
 
@@ -93,15 +93,7 @@ def test_invalid_values_refuse_to_load(tmp_path, patched_lib, kv, message):
     patched library refuse the model with a message; the process does not abort."""
     args = {"method": "ntk-mixed", "factor": 2.0, "b": 0.625} | kv
     m = write_tiny_qwen2(tmp_path / "bad.gguf", seed=2, extra_kv=_kv("qwen2", args["method"], args["factor"], args["b"]))
-    code = (
-        "import llama_cpp, sys\n"
-        f"try:\n    llama_cpp.Llama(model_path={str(m.path)!r}, n_ctx=64, verbose=True)\n"
-        "except ValueError:\n    print('REFUSED'); sys.exit(0)\n"
-        "sys.exit(1)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and "REFUSED" in r.stdout, r.stderr[-2000:]
-    assert message in r.stderr
+    assert_refused_to_load(m.path, message)
 
 
 @pytest.mark.parametrize("logn", [False, True])

@@ -25,6 +25,8 @@ Layout conventions (checked against ``vendor/llama.cpp/src/llama-arch.cpp`` and
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -508,3 +510,23 @@ def write_tiny_gemma3(
         n_swa=int(n_swa) if n_swa > 0 else 0, swa_layers=swa_layers,
         freq_base_swa=float(freq_base_swa) if (n_swa > 0 and freq_base_swa is not None) else None,
     )
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def assert_refused_to_load(path: str | Path, message: str, **llama_kwargs: Any) -> None:
+    """Load ``path`` with ``llama_cpp.Llama(model_path=path, verbose=True, **llama_kwargs)``
+    (``n_ctx`` 64 unless given) in a child process, so that an abort cannot take the test run
+    with it: the library must refuse the model (``ValueError``, the process does not abort) and
+    its log (stderr) must contain ``message``. Raises AssertionError otherwise."""
+    kw = {"n_ctx": 64} | llama_kwargs
+    code = (
+        "import llama_cpp, sys\n"
+        f"try:\n    llama_cpp.Llama(model_path={str(path)!r}, verbose=True, **{kw!r})\n"
+        "except ValueError:\n    print('REFUSED'); sys.exit(0)\n"
+        "sys.exit(1)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "REFUSED" in r.stdout, r.stderr[-2000:]
+    assert message in r.stderr, r.stderr[-2000:]
