@@ -97,4 +97,4 @@ def test_method_and_stock_scaling_requested_together_refuse(tmp_path, patched_li
     are not stacked: the context refuses with a message naming both."""
     m = write_tiny_llama(tmp_path / "m.gguf", seed=4, extra_kv={"{arch}.rope.ntk.method": "ntk-mixed"})
     assert_refused_to_load(m.path, "rope method 'ntk-mixed' and a stock rope scaling type (2) were both requested",
-                           n_ctx=256, rope_scaling_type=2, rope_freq_scale=0.25)
+                           timeout=300, n_ctx=256, rope_scaling_type=2, rope_freq_scale=0.25)

@@ -515,11 +515,12 @@ def write_tiny_gemma3(
 # ----------------------------------------------------------------------------- loading
 
 
-def assert_refused_to_load(path: str | Path, message: str, **llama_kwargs: Any) -> None:
+def assert_refused_to_load(path: str | Path, message: str, *, timeout: float = 120, **llama_kwargs: Any) -> None:
     """Load ``path`` with ``llama_cpp.Llama(model_path=path, verbose=True, **llama_kwargs)``
     (``n_ctx`` 64 unless given) in a child process, so that an abort cannot take the test run
     with it: the library must refuse the model (``ValueError``, the process does not abort) and
-    its log (stderr) must contain ``message``. Raises AssertionError otherwise."""
+    its log (stderr) must contain ``message``. Raises AssertionError otherwise, and
+    subprocess.TimeoutExpired after ``timeout`` seconds."""
     kw = {"n_ctx": 64} | llama_kwargs
     code = (
         "import llama_cpp, sys\n"
@@ -527,6 +528,6 @@ def assert_refused_to_load(path: str | Path, message: str, **llama_kwargs: Any) 
         "except ValueError:\n    print('REFUSED'); sys.exit(0)\n"
         "sys.exit(1)\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and "REFUSED" in r.stdout, r.stderr[-2000:]
     assert message in r.stderr, r.stderr[-2000:]
