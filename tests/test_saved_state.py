@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from test_reference_forward import _overrides, assert_close, rel_err, tokens_for
-from tiny_models import write_tiny_llama, write_tiny_qwen2
+from tiny_models import assert_dynamic_k_steps_after, write_tiny_llama, write_tiny_qwen2
 from torch_reference import forward
 
 L = 64
@@ -239,18 +239,12 @@ def test_cache_refused_in_completion(models, cache, capfd):
 def test_no_dynamic_key_runs_dynamic_k(models):
     """``mixed()`` without ``{arch}.rope.ntk.dynamic``: dynamic k (the library's default), k = 1
     right after creation and at n = 64, 2 at n = 65, whatever n_ctx."""
-    from ggufrope import runtime
-
     m = models["llama"]
     toks = tokens_for(m, L + 1, seed=13)
     for n_ctx in (256, 512):
         llm = make(m, n_ctx, mixed("llama", dynamic=None))
         try:
-            assert runtime.dynamic_in_use(llm) is True and runtime.factor_in_use(llm) == 1.0
-            llm.eval(toks[:L])
-            assert runtime.factor_in_use(llm) == 1.0
-            llm.eval(toks[L:])
-            assert runtime.factor_in_use(llm) == 2.0
+            assert_dynamic_k_steps_after(llm, toks, L)
         finally:
             llm.close()
 

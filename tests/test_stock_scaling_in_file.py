@@ -26,7 +26,7 @@ from test_reference_forward import (
     run_llama_cpp,
     tokens_for,
 )
-from tiny_models import write_tiny_llama, write_tiny_qwen2
+from tiny_models import assert_dynamic_k_steps_after, write_tiny_llama, write_tiny_qwen2
 from torch_reference import forward
 
 L = 64  # original_context_length
@@ -124,11 +124,7 @@ def test_ntk_method_replaces_stock_scaling_dynamic_by_default(tmp_path, arch):
                           flash_attn=False, n_threads=2, n_threads_batch=2, verbose=False,
                           kv_overrides=_overrides(arch, "ntk-mixed", None, None, True))
     try:
-        assert runtime.dynamic_in_use(llm) is True and runtime.factor_in_use(llm) == 1.0
-        llm.eval(toks[:L])
-        assert runtime.factor_in_use(llm) == 1.0
-        llm.eval(toks[L:])
-        assert runtime.factor_in_use(llm) == 2.0
+        assert_dynamic_k_steps_after(llm, toks, L)
     finally:
         llm.close()
 

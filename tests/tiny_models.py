@@ -531,3 +531,17 @@ def assert_refused_to_load(path: str | Path, message: str, *, timeout: float = 1
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0 and "REFUSED" in r.stdout, r.stderr[-2000:]
     assert message in r.stderr, r.stderr[-2000:]
+
+
+def assert_dynamic_k_steps_after(llm: Any, toks: list[int], n_orig: int) -> None:
+    """Dynamic k on a fresh ``llm``: k = 1 when created and after the first ``n_orig`` tokens of
+    ``toks`` (n_orig = the file's L), k = 2 once token n_orig + 1 is in the cache (seed 002's
+    consistent dynamic mode at the default ratio 2: k = 1 while n <= L, else the smallest power
+    of two 2^e with 2^e · L >= n). ``toks`` has n_orig + 1 to 2 · n_orig tokens."""
+    from ggufrope import runtime
+
+    assert runtime.dynamic_in_use(llm) is True and runtime.factor_in_use(llm) == 1.0
+    llm.eval(toks[:n_orig])
+    assert runtime.factor_in_use(llm) == 1.0
+    llm.eval(toks[n_orig:])
+    assert runtime.factor_in_use(llm) == 2.0
