@@ -365,18 +365,21 @@ def _kill_during_copy(src: Path, dst: Path | None, d: Path, frac: float, tmpfile
     return seen
 
 
-def _kill_inside_copy(src: Path, dst: Path | None, d: Path, frac: float, tmpfile: bool, final: int, reset) -> int:
-    """``_kill_during_copy`` until the kill lands inside the data copy (0 < seen < final):
-    the kernel's copy_file_range can outrun the poll between two looks at the file (the
-    last 5 % of 96 MiB is about a millisecond), and then the kill comes after the copy.
-    ``reset()`` restores the destination before another try. Returns the size seen."""
+def _kill_where_asked(src: Path, dst: Path | None, d: Path, frac: float, tmpfile: bool, final: int, reset,
+                      tries: int = 6) -> int:
+    """``_kill_during_copy`` until the kill lands where ``frac`` asks: for ``frac`` < 1 inside the
+    data copy (0 < seen < final), for ``frac`` 1 anywhere once the file is complete (seen >= 0).
+    The write can win the race: the kernel's copy_file_range can outrun the poll between two
+    looks at the file (the last 5 % of 96 MiB is about a millisecond), and then the kill comes
+    after the copy, or after the whole write. ``reset()`` restores the destination before
+    another try. Returns the size seen; AssertionError after ``tries`` misses."""
     seen = -1
-    for attempt in range(6):
+    for attempt in range(tries):
         seen = _kill_during_copy(src, dst, d, frac, tmpfile, final)
-        if 0 < seen < final:
+        if (0 < seen < final) if frac < 1 else seen >= 0:
             return seen
         reset()  # the write won the race: run it again
-    raise AssertionError(f"the kill never landed inside the data copy in 6 tries (last size seen {seen} of {final})")
+    raise AssertionError(f"the kill never landed where asked (frac {frac}) in {tries} tries (last size seen {seen} of {final})")
 
 
 @pytest.mark.parametrize("frac", [0.05, 0.5, 0.95, 1.0])
@@ -389,17 +392,12 @@ def test_sigkill_during_a_large_write(large_gguf, tmp_path, frac) -> None:
     dst = tmp_path / "dst.gguf"
     dst.write_bytes(b"old contents")
     old = file_hash(dst)
+    seen = _kill_where_asked(large_gguf["src"], dst, tmp_path, frac, True, large_gguf["size"],
+                             lambda: dst.write_bytes(b"old contents"), tries=6 if frac < 1 else 3)
     if frac < 1:
-        seen = _kill_inside_copy(large_gguf["src"], dst, tmp_path, frac, True, large_gguf["size"], lambda: dst.write_bytes(b"old contents"))
         assert 0 < seen < large_gguf["size"]  # the kill landed inside the data copy
         assert file_hash(dst) == old
     else:
-        for attempt in range(3):
-            seen = _kill_during_copy(large_gguf["src"], dst, tmp_path, frac, True, large_gguf["size"])
-            if seen >= 0:
-                break
-            dst.write_bytes(b"old contents")  # the write won the race: run it again
-        assert seen >= 0, "the write always finished before the kill"
         assert file_hash(dst) in (old, large_gguf["new"])
     assert no_temp_files(tmp_path) and os.listdir(tmp_path) == ["dst.gguf"]
     assert file_hash(large_gguf["src"]) == large_gguf["old"]
@@ -411,7 +409,7 @@ def test_sigkill_during_a_large_in_place_rewrite(large_gguf, tmp_path) -> None:
         pytest.skip("no O_TMPFILE here")
     src = tmp_path / "m.gguf"
     shutil.copyfile(large_gguf["src"], src)
-    seen = _kill_inside_copy(src, None, tmp_path, 0.5, True, large_gguf["size"], lambda: shutil.copyfile(large_gguf["src"], src))
+    seen = _kill_where_asked(src, None, tmp_path, 0.5, True, large_gguf["size"], lambda: shutil.copyfile(large_gguf["src"], src))
     assert 0 < seen < large_gguf["size"]
     assert file_hash(src) == large_gguf["old"]
     assert os.listdir(tmp_path) == ["m.gguf"]
@@ -429,7 +427,7 @@ def test_sigkill_with_named_temp_file_then_next_write_sweeps_it(large_gguf, tmp_
                 os.unlink(tmp_path / f)
         dst.write_bytes(b"old contents")
 
-    seen = _kill_inside_copy(large_gguf["src"], dst, tmp_path, 0.5, False, large_gguf["size"], reset)
+    seen = _kill_where_asked(large_gguf["src"], dst, tmp_path, 0.5, False, large_gguf["size"], reset)
     assert 0 < seen < large_gguf["size"]
     assert dst.read_bytes() == b"old contents"
     left = [f for f in os.listdir(tmp_path) if "ggufrope-tmp" in f]
