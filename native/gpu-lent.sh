@@ -245,19 +245,9 @@ stage2() {
     echo "stage 2 done, t=$((SECONDS - t0)) s"
 }
 
-grid() {
-    local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
-    # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
-    # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
-    mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
-    # E MODEL: the eval command for MODEL, scored from L/2 as docs/results.md's commands (4096 for
-    # SmolLM2, 16384 for Gemma 3) unless SCORE_FROM says otherwise
-    E() {
-        local sf
-        sf=$(python3 -c 'import sys; from ggufrope.evaluation.decoder import n_ctx_orig_of; print(n_ctx_orig_of(sys.argv[1]) // 2)' "$1") \
-            || { echo "grid: cannot read L of $1" >&2; return 1; }
-        echo "eval compare $1 --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
-    }
+default_jobs() {
+    # the grid jobs stage 2 runs, one a line (tests/test_gpu_lent.py checks that each names only
+    # cells with no unit in docs/results/cache: a unit of another build is recomputed there)
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
     local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's 4xL niah_single
@@ -273,7 +263,25 @@ grid() {
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks niah_single --trials 0"
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks vt --trials 10"
     )
-    # one job a line, instead of the list above; a line '@NAME ARGS' runs on the model NAME
+    printf '%s\n' "${jobs[@]}"
+}
+
+grid() {
+    local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
+    # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
+    # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
+    mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
+    # E MODEL: the eval command for MODEL, scored from L/2 as docs/results.md's commands (4096 for
+    # SmolLM2, 16384 for Gemma 3) unless SCORE_FROM says otherwise
+    E() {
+        local sf
+        sf=$(python3 -c 'import sys; from ggufrope.evaluation.decoder import n_ctx_orig_of; print(n_ctx_orig_of(sys.argv[1]) // 2)' "$1") \
+            || { echo "grid: cannot read L of $1" >&2; return 1; }
+        echo "eval compare $1 --cache $c -ngl -1 -q --score-from ${SCORE_FROM:-$sf}"
+    }
+    local jobs
+    mapfile -t jobs < <(default_jobs)
+    # GRID_JOBS: one job a line, instead of default_jobs; a line '@NAME ARGS' runs on the model NAME
     # (python -m ggufrope.models --model NAME) instead of stage 2's first model
     [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"
     local j left i=0
@@ -313,6 +321,7 @@ import_units() {
 
 case ${1:-} in
     build|pack|cpuref|stage1|stage2) "$1" ;;
+    jobs) default_jobs ;;   # stage 2's default grid jobs, one a line
     split-models) shift; split_models "$@" ;;   # the parts of pack and stage 2, alone (tests/test_gpu_lent.py)
     join-models) shift; join_models "$@" ;;
     import) import_units "$@" ;;

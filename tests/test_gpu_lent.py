@@ -1,12 +1,19 @@
-"""native/reuse-cuda-objects.sh, the compiler launcher of the stock CUDA build for a lent GPU
-(native/gpu-lent.sh): it copies the patched build's object only for a source that is byte-identical
-in the two trees and not named in REUSE_EXCEPT; every other compile runs the command it was given.
-The compiler here is a stand-in that writes a marker (no nvcc or GPU is needed to test the choice)."""
+"""native/gpu-lent.sh and its compiler launcher native/reuse-cuda-objects.sh, the parts that run
+here without a GPU.
+
+The launcher (the stock CUDA build for a lent GPU) copies the patched build's object only for a
+source that is byte-identical in the two trees and not named in REUSE_EXCEPT; every other compile
+runs the command it was given. The compiler here is a stand-in that writes a marker (no nvcc or GPU
+is needed to test the choice). gpu-lent.sh: the split of the models over the carry folders and
+their join, and stage 2's default grid jobs against the committed units."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,3 +98,27 @@ def test_join_refuses_a_model_with_a_part_missing(tmp_path):
     r = lent("join-models", str(carry), str(dest))
     assert r.returncode == 1
     assert "sha256 mismatch" in r.stderr and not (dest / "m.gguf").exists()
+
+
+def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
+    """Stage 2's default grid jobs (``gpu-lent.sh jobs``) name only cells with no unit in
+    docs/results/cache: the lent GPU is another build, so a cell done on this machine's CPU would
+    be computed again there, minutes of device time for nothing. --report-only counts the units
+    of every build and computes none."""
+    r = lent("jobs")
+    assert r.returncode == 0, r.stderr
+    jobs = r.stdout.splitlines()
+    assert jobs
+    for job in jobs:
+        name, args = (job.split(" ", 1) if job.startswith("@") else ("@smollm2", job))
+        model = str(request.getfixturevalue(name[1:]))
+        score_from = {"@smollm2": "4096", "@gemma3": "16384"}[name]  # L/2, as gpu-lent's E()
+        out = subprocess.run(
+            [sys.executable, "-m", "ggufrope", "eval", "compare", model, "--cache", str(ROOT / "docs" / "results" / "cache"),
+             "--score-from", score_from, *shlex.split(args), "--report-only", "--out", str(tmp_path / "out")],
+            capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+        (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("units: ")]
+        m = re.match(r"units: 0 computed, (\d+) from the cache, (\d+) not run", line)
+        assert m, line
+        assert (int(m[1]), int(m[2]) > 0) == (0, True), f"{job}: {line}"
