@@ -251,9 +251,8 @@ default_jobs() {
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local X4="-c 32768 --methods none,linear,yarn,ntk,ntk-mixed --logn both --dynamic both"
     local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's 4xL niah_single
-                   # column, 12 Gemma 3 2xL niah_single cells and all ten Gemma 3 4xL windows are done); a
-                   # unit of another build is recomputed, so each line names only cells not run; '@gemma3'
-                   # needs MODEL="smollm2 gemma3"; a Gemma 3 4xL sample is a 131072-token prefill
+                   # column, 12 Gemma 3 2xL niah_single cells and all ten Gemma 3 4xL windows are done);
+                   # '@gemma3' needs MODEL="smollm2 gemma3"; a Gemma 3 4xL sample is a 131072-token prefill
         "$X4 $R --trials 10"
         "$X4 $R --tasks vt --trials 0"
         "@gemma3 -c 65536 --methods ntk-fixed --logn both $R --tasks niah_single --trials 0 --no-truncation"

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ggufrope.evaluation.decoder import n_ctx_orig_of
+
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCHER = ROOT / "native" / "reuse-cuda-objects.sh"
 
@@ -112,7 +114,7 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
     for job in jobs:
         name, args = (job.split(" ", 1) if job.startswith("@") else ("@smollm2", job))
         model = str(request.getfixturevalue(name[1:]))
-        score_from = {"@smollm2": "4096", "@gemma3": "16384"}[name]  # L/2, as gpu-lent's E()
+        score_from = str(n_ctx_orig_of(model) // 2)  # L/2, as gpu-lent's E()
         out = subprocess.run(
             [sys.executable, "-m", "ggufrope", "eval", "compare", model, "--cache", str(ROOT / "docs" / "results" / "cache"),
              "--score-from", score_from, *shlex.split(args), "--report-only", "--out", str(tmp_path / "out")],
