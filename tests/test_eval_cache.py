@@ -97,6 +97,12 @@ def test_stale_build_is_recomputed_and_same_build_reused(patched_lib, tiny, tmp_
     assert f"Units computed by: {EC.build_id(other)} (1 unit)." in (out / "results.md").read_text()
     assert json.loads(unit.read_text())["build"] == other  # report_only writes no unit
 
+    # ... any_build uses it in compute mode too: nothing computed, no model loaded, the unit kept ...
+    res3b, st = _grid(tiny, out, any_build=True)
+    assert (st.computed, st.cached, st.models_loaded, st.stale) == (0, 1, 0, 0)
+    assert res3b["cells"] == res["cells"] and res3b["builds"] == {EC.build_id(other): 1}
+    assert json.loads(unit.read_text())["build"] == other
+
     # ... compute mode recomputes it (stale), overwrites it with this build, same numbers
     log.clear()
     res4, st = _grid(tiny, out, log=log.append)

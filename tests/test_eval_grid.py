@@ -79,6 +79,23 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
     assert [by["none"], by["ntk-mixed"]] == res["cells"]
     assert "| YaRN | – / – |" in (out / "results.md").read_text()
 
+    # --any-build: a unit of another build (a lent GPU's, here a forged library hash) is used, not
+    # recomputed; only the units not cached are computed
+    forged = json.loads(cached[0].read_text())
+    forged["build"] = {**forged["build"], "library": "0123456789abcdef"}
+    cached[0].write_text(json.dumps(forged))
+    any_build = [a for a in wide if a != "--report-only"] + ["--any-build"]
+    r5 = runner.invoke(main, any_build)
+    assert r5.exit_code == 0, r5.output
+    assert "units: 2 computed, 4 from the cache, 0 not run" in r5.output
+    assert json.loads(cached[0].read_text()) == forged
+    res5 = json.loads((out / "results.json").read_text())
+    assert sorted(res5["builds"].values()) == [1, 5] and "--any-build" in res5["command"]
+    assert [c for c in res5["cells"] if c["method"] != "yarn"] == res["cells"]
+    r6 = runner.invoke(main, [a for a in any_build if a != "--any-build"])  # without it: stale, recomputed
+    assert r6.exit_code == 0, r6.output
+    assert "units: 1 computed (1 of them stale: cached by another build), 5 from the cache" in r6.output
+
 
 def test_compare_attn_factor_scales_every_row_and_names_it(patched_lib, smollm2, text_slice, tmp_path):
     """--attn-factor S (llama.cpp's yarn_attn_factor, what tune searches) reaches the library on

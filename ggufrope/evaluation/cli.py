@@ -310,20 +310,24 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
 @click.option("--cache", "cache_dir", default=None, metavar="DIR", help="Result cache.  [default: DIR/cache]")
 @click.option("--report-only", is_flag=True,
               help="Compute nothing: write the report from the cached units; cells not cached show as not run.")
+@click.option("--any-build", is_flag=True,
+              help="Reuse cached units whichever library build computed them (units of a lent GPU, a rebuild) instead of "
+                   "recomputing them; compute only the units not cached. results.md counts the units per build.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
                      dynamic_ratio: float | None, exponent: float, attn_factor: float,
                      texts: tuple[str, ...], no_ppl: bool, max_windows: int, score_from: int | None, trials: int,
                      seed: int, depths: str, tasks_spec: str | None, samples: int, truncation: bool, out_dir: str,
-                     cache_dir: str | None, report_only: bool, quiet: bool, n_batch: int,
+                     cache_dir: str | None, report_only: bool, any_build: bool, quiet: bool, n_batch: int,
                      n_ubatch: int | None, gpu_layers: int, threads: int | None, verbose: bool) -> None:
     """Run the grid contexts x methods x dynamic k x log-n, resumably, and write the report.
 
     Every unit (model sha256, method, k, b, dynamic k, log-n, n_ctx, text or passkey trial set) is cached
     as one JSON file, so an interrupted run resumes where it stopped and a finished one only
     rewrites the report. A unit cached by another library build (llama.cpp libraries, patch,
-    backend, flash attention, n_ubatch) is stale and recomputed; --report-only reads it. Writes DIR/results.json, DIR/results.md (rows: methods without and
+    backend, flash attention, n_ubatch) is stale and recomputed; --report-only reads it, and --any-build
+    uses it and computes only what is not cached. Writes DIR/results.json, DIR/results.md (rows: methods without and
     with log-n; columns: contexts; cells: perplexity beyond L / passkey accuracy) and DIR/ppl.png.
     """
     import shlex
@@ -380,13 +384,15 @@ def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dyna
         argv += ["--cache", cache_dir]
     if report_only:
         argv += ["--report-only"]
+    if any_build:
+        argv += ["--any-build"]
     res, stats = run_compare(
         model, n_ctxs=ctxs, methods=ms, logn_modes=lns, dynamic_modes=dyns, dynamic_ratio=dynamic_ratio, factor=factor,
         exponent=exponent, attn_factor=attn_factor, texts=txts,
         max_windows=max_windows, score_from=score_from, trials=trials, seed=seed, depths=ds, ruler_tasks=tasks,
         samples=samples, truncation=truncation, out_dir=out_dir,
         cache_dir=cache_dir, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
-        report_only=report_only, progress=not quiet, verbose=verbose, command=shlex.join(argv),
+        report_only=report_only, any_build=any_build, progress=not quiet, verbose=verbose, command=shlex.join(argv),
     )
     click.echo(report_markdown(res))
     stale = f" ({stats.stale} of them stale: cached by another build)" if stats.stale else ""

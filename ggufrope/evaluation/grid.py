@@ -99,6 +99,7 @@ def run_compare(
     gpu_layers: int = 0,
     threads: int | None = None,
     report_only: bool = False,
+    any_build: bool = False,
     progress: bool = True,
     verbose: bool = False,
     command: str | None = None,
@@ -111,7 +112,8 @@ def run_compare(
     is this one; one cached by another build (or by an unrecorded one) is stale: recomputed and
     overwritten. ``report_only``: compute nothing, build the report from the units already
     cached, whichever build computed them (``results.json`` counts the units per build); a cell
-    whose units are missing is reported as not run (None).
+    whose units are missing is reported as not run (None). ``any_build``: reuse a cached unit
+    whichever build computed it, compute only the units not cached.
     ``dynamic_modes``: static (False) and/or dynamic k (True, NTK-family methods only), with the
     schedule's ratio ``dynamic_ratio`` (None: the library's 2). ``attn_factor``: a constant
     attention scale s on every row (:class:`Setting`; s != 1 with ``yarn`` raises
@@ -160,7 +162,7 @@ def run_compare(
 
     results: dict[tuple, dict[str, Any]] = {}
     runner = UnitRunner(model, cache, n_batch=n_batch, n_ubatch=n_ubatch, gpu_layers=gpu_layers, threads=threads,
-                        verbose=verbose, progress=progress, report_only=report_only, log=say)
+                        verbose=verbose, progress=progress, report_only=report_only, any_build=any_build, log=say)
     with runner, unit_bar(len(jobs), "compare", disable=not progress, file=sys.stderr) as bar:
         for rk, job in jobs:
             bar.set_description(f"compare: {rk[0]}{' + log-n' if rk[1] else ''} @ {rk[3]} {rk[5] or rk[4]}")
