@@ -249,11 +249,10 @@ default_jobs() {
     # the grid jobs stage 2 runs, one a line (tests/test_gpu_lent.py checks that each names only
     # cells with no unit in docs/results/cache: a unit of another build is recomputed there)
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
-    local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, 13
-                   # Gemma 3 2xL niah_single cells and all ten Gemma 3 4xL windows are done); '@gemma3'
+    local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
+                   # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done); '@gemma3'
                    # needs gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not
                    # run); a Gemma 3 4xL sample is a 131072-token prefill
-        "@gemma3 -c 65536 --methods ntk-fixed --logn on $R --tasks niah_single --trials 0 --no-truncation"
         "@gemma3 -c 65536 --methods all --logn both $R --trials 10"
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks niah_single --trials 0"
