@@ -228,33 +228,35 @@ def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monk
 # --- e. prefix reuse: a prompt started from the previous one's KV cache -------------------------------
 
 
-def _reuse_case(model, st, n_ctx, n_batch=48):
+def _reuse_case(path, n_vocab, st, n_ctx, n_batch=48, shared=100, every=1):
     """Prompt a (then 3 greedy tokens, which stay in the cache) and prompt b, which shares its first
-    100 tokens with a: b's logits at every position after the prefix kept (cut to 96, the last
-    multiple of n_batch = 48), once with that prefix kept from a, once from an empty cache."""
+    ``shared`` tokens with a: b's logits at every ``every``-th position after the prefix kept (cut
+    to the last multiple of n_batch: 96 of 100 with the defaults), once with that prefix kept from
+    a, once from an empty cache."""
     rng = np.random.default_rng(11)
-    a = rng.integers(4, model.n_vocab, size=n_ctx - 20).tolist()
-    b = a[:100] + [(t % (model.n_vocab - 4)) + 4 for t in np.array(a[100:n_ctx - 30]) + 1]
-    assert b[100] != a[100]
-    llm = ED.load_model(model.path, st, n_ctx, n_batch=n_batch, threads=THREADS)
+    a = rng.integers(4, n_vocab, size=n_ctx - 20).tolist()
+    b = a[:shared] + [(t % (n_vocab - 4)) + 4 for t in np.array(a[shared:n_ctx - 30]) + 1]
+    assert b[shared] != a[shared]
+    llm = ED.load_model(path, st, n_ctx, n_batch=n_batch, threads=THREADS)
     out = {}
     with ED.Decoder(llm) as dec:
-        def logits_of(p):
-            buf = np.empty((len(b) - p, dec.n_vocab), dtype=np.float32)
+        def logits_of(p, start):
+            want = range(start - p, len(b) - p, every)
+            buf = np.empty((len(want), dec.n_vocab), dtype=np.float32)
 
             def take(rows, logits):
-                buf[np.asarray(rows) - p] = logits
+                buf[(np.asarray(rows) - (start - p)) // every] = logits
 
-            dec.decode(b[p:], p, range(len(b) - p), lambda rows, lg: take([r + p for r in rows], lg))
+            dec.decode(b[p:], p, want, take)
             return buf
 
         out["exact"] = dec.reuse_prefix
         ED.greedy_answer(dec, a, 3)
         assert dec.last_reused == 0  # an empty cache to start from
         p = dec.keep_prefix(b)
-        out["kept"], out["reused"] = p, logits_of(p)
+        out["kept"], out["reused"] = p, logits_of(p, p)
         dec.clear()
-        out["fresh"] = logits_of(0)[p:]
+        out["fresh"] = logits_of(0, p)
         whole = dec.keep_prefix(b)  # all of b is cached: all but the last token (wanted), cut to a batch
         assert whole == (len(b) - 1) // n_batch * n_batch
     del llm
@@ -269,7 +271,7 @@ def test_prefix_reuse_gives_the_logits_of_an_empty_cache_bit_for_bit(patched_lib
     evaluation uses: keeping the tokens that the cache holds from the previous prompt up to a
     batch boundary (and dropping the rest, that prompt's answer included) gives exactly the
     logits of a prefill from empty."""
-    r = _reuse_case(tiny, st, 4 * L)
+    r = _reuse_case(tiny.path, tiny.n_vocab, st, 4 * L)
     assert r["exact"] and r["kept"] == 96
     assert np.array_equal(r["reused"], r["fresh"])
     assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3  # rows that differ: a real comparison
@@ -289,10 +291,51 @@ def test_prefix_reuse_is_off_with_dynamic_k(patched_lib, tiny):
     del llm
 
 
+@pytest.fixture(scope="module")
+def tiny_swa(tmp_path_factory):
+    """A tiny gemma3 (tests/tiny_models.py: window 24, layers 2 and 5 global, L = 64)."""
+    from tiny_models import write_tiny_gemma3
+
+    return write_tiny_gemma3(tmp_path_factory.mktemp("swa") / "gemma3.gguf", seed=5)
+
+
 @pytest.mark.real_model
-def test_prefix_reuse_is_off_with_sliding_window_layers(patched_lib, gemma3):
-    """Gemma 3's sliding-window layers keep only the last n_swa positions in their cache."""
-    llm = ED.load_model(gemma3, ED.Setting("none"), 512, threads=THREADS)
-    with ED.Decoder(llm) as dec:
-        assert not dec.reuse_prefix
-    del llm
+@pytest.mark.parametrize("st", [ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), ED.Setting("yarn", 4.0)],
+                         ids=["ntk-mixed+log-n", "yarn"])
+def test_prefix_reuse_with_sliding_window_layers_is_bit_for_bit(patched_lib, tiny_swa, st):
+    """Sliding-window layers with llama.cpp's default full-size SWA cache: the kept prefix (96
+    tokens, four windows of 24) holds every position at the cell of its index, so the logits after
+    it are exactly those of a prefill from empty, in the SWA layers (plain RoPE, the window mask)
+    and the global ones (the method, log-n)."""
+    r = _reuse_case(tiny_swa.path, tiny_swa.n_vocab, st, 4 * L)
+    assert r["exact"] and r["kept"] == 96
+    assert np.array_equal(r["reused"], r["fresh"])
+    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3
+
+
+@pytest.mark.real_model
+def test_prefix_reuse_on_gemma3_is_bit_for_bit(patched_lib, gemma3, tmp_path):
+    """The real Gemma 3 (window 512) at 4 x L of a copy whose context_length says L = 512 (the NTK
+    table and log-n in use at 2048 tokens): after a kept prefix of two windows, every 16th row of
+    the logits is a prefill from empty's, bit for bit."""
+    from ggufrope.gguf_writer import set_keys
+
+    path = tmp_path / "gemma3-L512.gguf"
+    set_keys(gemma3, path, {"gemma3.context_length": 512})
+    r = _reuse_case(path, 262144, ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), 2048,
+                    n_batch=512, shared=1100, every=16)
+    assert r["exact"] and r["kept"] == 1024
+    assert np.array_equal(r["reused"], r["fresh"])
+    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3
+
+
+@pytest.mark.real_model
+def test_prefix_reuse_needs_the_full_size_swa_cache(patched_lib, gemma3):
+    """Gemma 3 (window 512): on with llama.cpp's default full-size SWA cache; off with the small
+    one (``swa_full=False``), whose cells of positions older than the window are reused."""
+    for swa_full, on in ((None, True), (True, True), (False, False)):
+        kw = {} if swa_full is None else {"swa_full": swa_full}
+        llm = ED.load_model(gemma3, ED.Setting("none"), 512, threads=THREADS, **kw)
+        with ED.Decoder(llm) as dec:
+            assert dec.reuse_prefix is on, swa_full
+        del llm

@@ -190,20 +190,25 @@ def prefix_reuse_ok(llm: Any) -> bool:
     """Whether :func:`greedy_answer` may start a prompt on ``llm`` (a ``llama_cpp.Llama``) from
     the longest prefix that its KV cache already holds: a CPU-only library (on a GPU the kernels
     are chosen by batch size, and a CUDA build offloads large batches even with no layer
-    offloaded), no sliding-window layers (their cache drops positions older than the window,
-    ``llama_model_n_swa``) and static k (dynamic k re-rotates the cached keys as the sequence
-    grows). The prefix kept ends on a batch boundary (:meth:`Decoder.keep_prefix`), so every
-    batch decoded is one that a prefill from empty decodes too: tests/test_eval_decoder.py shows
-    the logits bit for bit equal (tiny model, NTK-mixed + log-n and YaRN beyond L),
-    tests/test_eval_ruler.py the answers on SmolLM2. (A prefix kept off the batch boundary
-    changed 3 of 10 greedy answers of SmolLM2 at 16384 tokens, docs/results.md.)"""
+    offloaded), static k (dynamic k re-rotates the cached keys as the sequence grows) and, with
+    sliding-window layers (``llama_model_n_swa`` > 0, Gemma 3), a full-size SWA cache
+    (``swa_full``, llama.cpp's default): the small SWA cache reuses the cells of positions older
+    than the window, so the positions just before the prefix's end may be gone; the full-size
+    one holds every position at the cell of its index, as a prefill from empty does. The prefix
+    kept ends on a batch boundary (:meth:`Decoder.keep_prefix`), so every batch decoded is one
+    that a prefill from empty decodes too: tests/test_eval_decoder.py shows the logits bit for
+    bit equal (tiny llama and tiny gemma3 with a kept prefix 4 windows long, NTK-mixed + log-n
+    and YaRN beyond L), tests/test_eval_ruler.py the answers on SmolLM2. (A prefix kept off the
+    batch boundary changed 3 of 10 greedy answers of SmolLM2 at 16384 tokens,
+    docs/results.md.)"""
     import llama_cpp
 
     from ..runtime import dynamic_in_use, has_dynamic, has_gpu
 
     rope = getattr(llm, "ggufrope", None)
     dynamic = rope.dynamic if rope is not None else (has_dynamic() and dynamic_in_use(llm))
-    return not has_gpu() and int(llama_cpp.llama_model_n_swa(llm.model)) == 0 and not dynamic
+    swa_ok = int(llama_cpp.llama_model_n_swa(llm.model)) == 0 or bool(llm.context_params.swa_full)
+    return not has_gpu() and swa_ok and not dynamic
 
 
 class Decoder:
