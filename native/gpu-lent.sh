@@ -253,8 +253,9 @@ default_jobs() {
                    # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done); '@gemma3'
                    # needs gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not
                    # run); a Gemma 3 4xL sample is a 131072-token prefill
-        "@gemma3 -c 65536 --methods none,linear,ntk,ntk-fixed,ntk-mixed --logn both $R --trials 10 --no-truncation"
-        "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"   # YaRN and truncation: CPU
+        "@gemma3 -c 65536 --methods none,linear,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
+        "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"        # on the CPU: YaRN, the seed
+        "@gemma3 -c 65536 --methods ntk-mixed --logn off $R --trials 10 --no-truncation"  # default, truncation
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks niah_single --trials 0"
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks vt --trials 10"
