@@ -228,18 +228,19 @@ def test_eval_passes_its_k_and_checks_the_one_in_use(patched_lib, tmp_path, monk
 # --- e. prefix reuse: a prompt started from the previous one's KV cache -------------------------------
 
 
-def _reuse_case(path, n_vocab, st, n_ctx, n_batch=48, shared=100, every=1):
+def _reuse_case(path, st, n_ctx, n_batch=48, shared=100, every=1):
     """Prompt a (then 3 greedy tokens, which stay in the cache) and prompt b, which shares its first
     ``shared`` tokens with a: b's logits at every ``every``-th position after the prefix kept (cut
     to the last multiple of n_batch: 96 of 100 with the defaults), once with that prefix kept from
     a, once from an empty cache."""
-    rng = np.random.default_rng(11)
-    a = rng.integers(4, n_vocab, size=n_ctx - 20).tolist()
-    b = a[:shared] + [(t % (n_vocab - 4)) + 4 for t in np.array(a[shared:n_ctx - 30]) + 1]
-    assert b[shared] != a[shared]
     llm = ED.load_model(path, st, n_ctx, n_batch=n_batch, threads=THREADS)
     out = {}
     with ED.Decoder(llm) as dec:
+        rng = np.random.default_rng(11)
+        a = rng.integers(4, dec.n_vocab, size=n_ctx - 20).tolist()
+        b = a[:shared] + [(t % (dec.n_vocab - 4)) + 4 for t in np.array(a[shared:n_ctx - 30]) + 1]
+        assert b[shared] != a[shared]
+
         def logits_of(p, start):
             want = range(start - p, len(b) - p, every)
             buf = np.empty((len(want), dec.n_vocab), dtype=np.float32)
@@ -263,6 +264,14 @@ def _reuse_case(path, n_vocab, st, n_ctx, n_batch=48, shared=100, every=1):
     return out
 
 
+def _assert_reuse_exact(r, kept):
+    """``r`` of :func:`_reuse_case`: reuse on, ``kept`` tokens kept, the logits after them bit for
+    bit a prefill from empty's, and rows that differ (a real comparison)."""
+    assert r["exact"] and r["kept"] == kept
+    assert np.array_equal(r["reused"], r["fresh"])
+    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3
+
+
 @pytest.mark.real_model
 @pytest.mark.parametrize("st", [ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), ED.Setting("yarn", 4.0)],
                          ids=["ntk-mixed+log-n", "yarn"])
@@ -271,10 +280,7 @@ def test_prefix_reuse_gives_the_logits_of_an_empty_cache_bit_for_bit(patched_lib
     evaluation uses: keeping the tokens that the cache holds from the previous prompt up to a
     batch boundary (and dropping the rest, that prompt's answer included) gives exactly the
     logits of a prefill from empty."""
-    r = _reuse_case(tiny.path, tiny.n_vocab, st, 4 * L)
-    assert r["exact"] and r["kept"] == 96
-    assert np.array_equal(r["reused"], r["fresh"])
-    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3  # rows that differ: a real comparison
+    _assert_reuse_exact(_reuse_case(tiny.path, st, 4 * L), 96)
 
 
 @pytest.mark.real_model
@@ -307,10 +313,7 @@ def test_prefix_reuse_with_sliding_window_layers_is_bit_for_bit(patched_lib, tin
     tokens, four windows of 24) holds every position at the cell of its index, so the logits after
     it are exactly those of a prefill from empty, in the SWA layers (plain RoPE, the window mask)
     and the global ones (the method, log-n)."""
-    r = _reuse_case(tiny_swa.path, tiny_swa.n_vocab, st, 4 * L)
-    assert r["exact"] and r["kept"] == 96
-    assert np.array_equal(r["reused"], r["fresh"])
-    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3
+    _assert_reuse_exact(_reuse_case(tiny_swa.path, st, 4 * L), 96)
 
 
 @pytest.mark.real_model
@@ -322,11 +325,8 @@ def test_prefix_reuse_on_gemma3_is_bit_for_bit(patched_lib, gemma3, tmp_path):
 
     path = tmp_path / "gemma3-L512.gguf"
     set_keys(gemma3, path, {"gemma3.context_length": 512})
-    r = _reuse_case(path, 262144, ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), 2048,
-                    n_batch=512, shared=1100, every=16)
-    assert r["exact"] and r["kept"] == 1024
-    assert np.array_equal(r["reused"], r["fresh"])
-    assert np.abs(r["fresh"][1:] - r["fresh"][:-1]).max() > 1e-3
+    r = _reuse_case(path, ED.Setting("ntk-mixed", 4.0, 0.625, logn=True), 2048, n_batch=512, shared=1100, every=16)
+    _assert_reuse_exact(r, 1024)
 
 
 @pytest.mark.real_model
