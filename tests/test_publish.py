@@ -102,6 +102,28 @@ def test_publish_rewrites_a_report_and_its_block(smollm2, tmp_path):
     assert rj.read_bytes() == written
 
 
+def test_publish_keeps_a_retrieval_only_report_without_documents(gemma3, tmp_path):
+    """A report run with --no-ppl (Gemma 3's within-L reference: passkey and niah_single, no
+    document) is rerun with no document: its two units are all it has, nothing "not run", and
+    its grid still lists no text (not the whole corpus, which an empty --text list means)."""
+    name = "gemma3-half"
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs" / "results" / "v2" / name, docs / "results" / "v2" / name)
+    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    (docs / "results.md").write_text(f"<!-- grid-{name}-retrieval:start -->\n<!-- grid-{name}-retrieval:end -->\n",
+                                     encoding="utf-8")
+    rj = docs / "results" / "v2" / name / "results.json"
+    committed = rj.read_bytes()
+    assert json.loads(committed)["grid"]["texts"] == []
+
+    said = publish.publish(docs, tmp_path / "cache", progress=False)
+
+    assert said == [f"{name}: 2 units cached, 0 not run; quoted in results.md: grid-{name}-retrieval"]
+    assert rj.read_bytes() == committed
+    assert "| Baseline | 50 | 60 |" in (docs / "results.md").read_text(encoding="utf-8")
+
+
 def test_same_report_ignores_only_the_run_fields():
     a = {"cells": [1], "machine": {"cpu": "x"}, "wall_s_this_run": 1.0, "wall_s_all_units": 9.0}
     assert publish._same_report(a, {**a, "machine": {"cpu": "y"}, "wall_s_this_run": 2.0})

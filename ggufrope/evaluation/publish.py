@@ -35,7 +35,9 @@ def rerun(model: str | os.PathLike, pub: dict[str, Any], *, cache_dir: str | os.
     report to ``out_dir`` and returns (results, unit stats). Raises GGUFRopeError when one of the
     grid's documents is no longer the text it was scored on (sha256)."""
     g = pub["grid"]
-    texts = EP.resolve_texts([t["name"] for t in g["texts"]])
+    # a grid of retrieval only (--no-ppl) scored no document: resolve_texts([]) would mean the
+    # whole corpus, and its windows would count as "not run"
+    texts = EP.resolve_texts([t["name"] for t in g["texts"]]) if g["texts"] else []
     for t, want in zip(texts, g["texts"]):
         if t.sha256 != want["sha256"]:
             raise GGUFRopeError(f"text {t.name}: sha256 {t.sha256[:12]}… is not the report's {want['sha256'][:12]}…")
@@ -61,7 +63,9 @@ def windows_line(res: dict[str, Any]) -> str:
 def quoted_blocks(name: str, res: dict[str, Any]) -> dict[str, str]:
     """Marker tag -> text between the markers, for report ``name`` (its directory name)."""
     rows = lambda s: "\n".join(ln for ln in s.splitlines() if ln.startswith("|"))  # noqa: E731
-    out = {name: rows(ER.ppl_by_text_table(res)) + "\n\n" + windows_line(res)}
+    out = {}
+    if res["grid"]["texts"]:  # a retrieval-only grid (--no-ppl) has no per-document table
+        out[name] = rows(ER.ppl_by_text_table(res)) + "\n\n" + windows_line(res)
     if res["grid"].get("ruler_tasks"):
         out[f"{name}-retrieval"] = rows(ER.retrieval_table(res))
     return out
