@@ -66,15 +66,22 @@ def test_splice():
             publish.splice(bad, "x", "new")
 
 
+def _copy_report(name, tmp_path):
+    """docs/results/v2/NAME under tmp_path/docs and the committed unit cache as tmp_path/cache;
+    returns the docs directory (its results.md is the test's to write)."""
+    docs = tmp_path / "docs"
+    shutil.copytree(ROOT / "docs" / "results" / "v2" / name, docs / "results" / "v2" / name)
+    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
+                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    return docs
+
+
 def test_publish_rewrites_a_report_and_its_block(smollm2, tmp_path):
     """The real thing on a copy: the 2xL tuned report (3 committed units) under a docs directory
     whose results.md block is stale; publish restores the committed block and report, and leaves
     the rest of results.md as it was."""
     name = "smollm2-2x-tuned"
-    docs = tmp_path / "docs"
-    shutil.copytree(ROOT / "docs" / "results" / "v2" / name, docs / "results" / "v2" / name)
-    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    docs = _copy_report(name, tmp_path)
     committed = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
     block = committed.split(f"<!-- grid-{name}:start -->\n", 1)[1].split(f"\n<!-- grid-{name}:end -->", 1)[0]
     (docs / "results.md").write_text(f"# head\n\n<!-- grid-{name}:start -->\nstale\n<!-- grid-{name}:end -->\n\ntail\n",
@@ -107,10 +114,7 @@ def test_publish_keeps_a_retrieval_only_report_without_documents(gemma3, tmp_pat
     document) is rerun with no document: its two units are all it has, nothing "not run", and
     its grid still lists no text (not the whole corpus, which an empty --text list means)."""
     name = "gemma3-half"
-    docs = tmp_path / "docs"
-    shutil.copytree(ROOT / "docs" / "results" / "v2" / name, docs / "results" / "v2" / name)
-    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    docs = _copy_report(name, tmp_path)
     (docs / "results.md").write_text(f"<!-- grid-{name}-retrieval:start -->\n<!-- grid-{name}-retrieval:end -->\n",
                                      encoding="utf-8")
     rj = docs / "results" / "v2" / name / "results.json"
