@@ -91,6 +91,30 @@ def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
     assert attn_tried(s) == [1.035, 1.07]
 
 
+def test_attention_steps_below_1_when_a_sharper_softmax_hurts():
+    def attn_tried(s):
+        return sorted({round(t.setting.attn_factor, 4) for t in s.trials if t.stage == "attention"})
+
+    # hand values of the bowl 300 (s - 0.95)^2: s = 1: 0.75, 1.035: 2.1675 (hurts), 0.965: 0.0675
+    # (helps), 0.93: 0.12 (worse than 0.965: stop)
+    f, calls = objective(attn_best=0.95)
+    s = T.Search(f, 2.0)
+    best = s.run()
+    assert attn_tried(s) == [0.93, 0.965, 1.035, 1.07]  # 1.07: instead of log-n, which the best has
+    assert best.setting.attn_factor == pytest.approx(0.965)
+    assert len(calls) == len(set(calls)) and len(calls) <= 19
+    f, _ = objective(attn_best=0.8)  # far below: two steps, no more
+    s = T.Search(f, 2.0)
+    assert s.run().setting.attn_factor == pytest.approx(0.93) and attn_tried(s)[0] == 0.93
+    f, _ = objective(attn_best=1.0)  # s = 1 best: 0.965 is tried once, nothing further
+    s = T.Search(f, 2.0)
+    assert s.run().setting.attn_factor == 1.0 and 0.93 not in attn_tried(s) and 0.965 in attn_tried(s)
+    f, _ = objective(attn_best=1.035)  # a sharper softmax helps: nothing below 1
+    s = T.Search(f, 2.0)
+    s.run()
+    assert min(attn_tried(s)) == 1.035
+
+
 def test_k_stage_moves_k_when_it_helps():
     f, _ = objective(k_best=3.0)
     best = T.Search(f, 2.0).run()

@@ -26,7 +26,9 @@ with k = n_ctx / L unless the k stage changes it):
    top of the best, and instead of log-n when the best has it (the temperature may be
    interior: seed 000's log-n is one schedule for it); when the best s is the largest tried,
    up to two steps further (1.105, 1.14: YaRN's own 1 + 0.1 ln k is 1.139 at k = 4) while
-   they help, as ``b refine`` steps beyond the b grid;
+   they help, as ``b refine`` steps beyond the b grid; when s = 1.035 does not help the best,
+   below 1 instead (0.965, then 0.93 while it helps: a flatter softmax, which log-n's sharpening
+   cannot give);
 5. ``NTK-aware``: method ntk (seed 001's base change) with the best's log-n and s;
 6. ``k``: the best with k x 1.25, and x 1.5 if that helped;
 7. ``dynamic``: the best with dynamic k (seed 002's consistent dynamic mode).
@@ -165,6 +167,13 @@ class Search:
         if not self.quick:
             if first.score < self._seen[top].score:
                 self.eval(_with(top, attn=ATTN_FACTORS[1]), "attention")
+            else:  # a sharper softmax hurts: the optimum may lie below s = 1 (a flatter one)
+                low = top
+                for i in range(1, ATTN_EDGE_STEPS + 1):
+                    t = self.eval(_with(top, attn=round(1 - i * ATTN_STEP, 4)), "attention")
+                    if t.score >= self._seen[low].score:
+                        break
+                    low = t.setting
             if top.logn:
                 for a in ATTN_FACTORS:
                     self.eval(_with(top, logn=False, attn=a), "attention")
