@@ -265,9 +265,12 @@ default_jobs() {
 
 grid() {
     local M=$1 t0=$2 deadline=$3 out=${OUT:-$BUILD/gpu-out} c=$S/grid-cache
-    # -n: a unit an earlier call on this machine computed stays (the repository's copy of the same key
-    # is another build's, which the grid would compute again: five Gemma windows, 2026-11-26)
-    mkdir -p "$c" && cp -a -n docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
+    # no clobber: a unit an earlier call on this machine computed stays (the repository's copy of the
+    # same key is another build's, which the grid would compute again: five Gemma windows, 2026-11-26).
+    # --update=none where cp has it (coreutils >= 9.3; there -n warns, and 9.2's -n fails on a skip)
+    local keep=-n
+    cp --update=none --version >/dev/null 2>&1 && keep=--update=none
+    mkdir -p "$c" && cp -a "$keep" docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
     # E MODEL: the eval command for MODEL, scored from L/2 as docs/results.md's commands (4096 for
     # SmolLM2, 16384 for Gemma 3) unless SCORE_FROM says otherwise
     E() {
