@@ -377,6 +377,8 @@ GEMMA_SUMMARY_ROWS = {
     "ntk-mixed b = 0.625 + log n (seed 000's default)":
         (("gemma3-2x", "ntk-mixed (b=0.625) + log-n"), ("gemma3-4x", "ntk-mixed (b=0.625) + log-n")),
     "`tune --quick`'s choice at 2×L (b = 0.5, no log n)": (("gemma3-2x-tuned", "ntk-mixed (b=0.5)"), None),
+    "`tune`'s choice at 2×L, full search (b = 0.375, k = 2.5, no log n)":
+        (("gemma3-2x-tuned-full", "ntk-mixed (b=0.375)"), None),
     "truncation (the prompt cut to its last L tokens, none)": (("gemma3-2x", "truncate to L = 32768"), None),
 }
 
