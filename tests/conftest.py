@@ -198,6 +198,14 @@ def assert_rewrite_ok(src: Path, dst: Path) -> None:
     assert_same_tensors(src, dst)
 
 
+def copy_committed_cache(dest: Path) -> Path:
+    """A copy of the committed unit cache (docs/results/cache) at ``dest``, without its
+    model-sha256.json (this machine's git-ignored memo of model hashes: the copy is the cache a
+    clean clone has); returns ``dest``."""
+    shutil.copytree(ROOT / "docs" / "results" / "cache", dest, ignore=shutil.ignore_patterns("model-sha256.json"))
+    return dest
+
+
 def no_temp_files(d: Path) -> bool:
     return not [p for p in os.listdir(d) if "ggufrope-tmp" in p or "ggufrope-probe" in p]
 

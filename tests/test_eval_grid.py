@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import copy_committed_cache
 
 from ggufrope.evaluation import grid as EG, ppl as EP, publish, report as ER
 
@@ -192,11 +193,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _report_only_rerun(model, pub: dict, tmp_path):
     """run_compare --report-only over a copy of the committed cache, with the grid of a published
     results.json ``pub``: (results, stats)."""
-    import shutil
-
-    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
-    return publish.rerun(model, pub, cache_dir=tmp_path / "cache", out_dir=tmp_path / "out")
+    return publish.rerun(model, pub, cache_dir=copy_committed_cache(tmp_path / "cache"), out_dir=tmp_path / "out")
 
 
 def test_published_results_are_the_cached_units(smollm2, tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import tiny_logits as _logits
+from conftest import copy_committed_cache, tiny_logits as _logits
 from ggufrope.cli import main
 from ggufrope.evaluation import decoder as ED
 from ggufrope.evaluation import tune as T
@@ -255,14 +255,12 @@ def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name
     writes from the units committed in docs/results/cache: the search, the niah_single re-ranking
     (--retrieval) and the held-out check redone, nothing typed by hand. The directory is named
     MODEL-N_CTX[-retrieval|-full] (MODEL: the fixture of that model)."""
-    import shutil
     from pathlib import Path
 
     model = str(request.getfixturevalue(name.split("-", 1)[0]))
 
     root = Path(__file__).resolve().parents[1]
-    shutil.copytree(root / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    copy_committed_cache(tmp_path / "cache")
     pub = root / "docs" / "results" / "tune" / name
     n_ctx = int(name.split("-")[1])
     meta = json.loads((pub / "tune.json").read_text())

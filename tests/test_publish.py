@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import copy_committed_cache
 
 from ggufrope.errors import GGUFRopeError
 from ggufrope.evaluation import publish, report as ER
@@ -71,8 +72,7 @@ def _copy_report(name, tmp_path):
     returns the docs directory (its results.md is the test's to write)."""
     docs = tmp_path / "docs"
     shutil.copytree(ROOT / "docs" / "results" / "v2" / name, docs / "results" / "v2" / name)
-    shutil.copytree(ROOT / "docs" / "results" / "cache", tmp_path / "cache",
-                    ignore=shutil.ignore_patterns("model-sha256.json"))
+    copy_committed_cache(tmp_path / "cache")
     return docs
 
 
