@@ -69,10 +69,12 @@ def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
     assert sorted(t.setting.exponent for t in s.trials if t.stage == "b refine") == [0.6875, 0.875]
 
 
-def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
-    def attn_tried(s):
-        return sorted({round(t.setting.attn_factor, 4) for t in s.trials if t.stage == "attention"})
+def attn_tried(s):
+    """The attention factors the search ``s`` tried in its attention stage, sorted."""
+    return sorted({round(t.setting.attn_factor, 4) for t in s.trials if t.stage == "attention"})
 
+
+def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
     f, calls = objective(attn_best=1.12)  # between the first step (1.105) and the second (1.14)
     s = T.Search(f, 2.0)
     best = s.run()
@@ -92,9 +94,6 @@ def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
 
 
 def test_attention_steps_below_1_when_a_sharper_softmax_hurts():
-    def attn_tried(s):
-        return sorted({round(t.setting.attn_factor, 4) for t in s.trials if t.stage == "attention"})
-
     # hand values of the bowl 300 (s - 0.95)^2: s = 1: 0.75, 1.035: 2.1675 (hurts), 0.965: 0.0675
     # (helps), 0.93: 0.12 (worse than 0.965: stop)
     f, calls = objective(attn_best=0.95)
