@@ -300,8 +300,10 @@ grid() {
         timeout $left python3 -m ggufrope $e $j --out "$S/grid-out-$i" > "$S/grid-$i.log" 2>&1
         echo "exit $? after t=$((SECONDS - t0)) s"; tail -n 3 "$S/grid-$i.log"
     done
-    (cd "$c" && find . -type f -newer "$S/grid.start" -name '*.json' ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
-    echo "grid: $(tar -tzf "$out/units.tar.gz" | wc -l) units computed"
+    # the units computed, and the partial files of those a deadline stopped (their samples so far)
+    (cd "$c" && find . -type f -newer "$S/grid.start" \( -name '*.json' -o -name '*.json.partial' \) \
+        ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
+    echo "grid: $(tar -tzf "$out/units.tar.gz" | grep -c '\.json$') units computed, $(tar -tzf "$out/units.tar.gz" | grep -c '\.partial$') partial"
 }
 
 import_units() {
@@ -315,8 +317,16 @@ import_units() {
         if [ -f "docs/results/cache/$(basename "$f")" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
         else cp "$f" docs/results/cache/; n=$((n + 1)); fi
     done
+    # a partial file (the samples of a unit the deadline stopped) joins the cache when the unit is not
+    # there: the next run of that build resumes it (evaluation/cache.py)
+    local np=0
+    for f in "$tmp"/*.json.partial; do
+        [ -f "$f" ] || continue
+        [ -f "docs/results/cache/$(basename "$f" .partial)" ] && continue
+        cp "$f" docs/results/cache/; np=$((np + 1))
+    done
     rm -rf "$tmp"
-    say "$n new units in docs/results/cache, $kept recomputations of committed units in docs/results/gpu/units"
+    say "$n new units in docs/results/cache, $kept recomputations of committed units in docs/results/gpu/units, $np partial units"
 }
 
 case ${1:-} in

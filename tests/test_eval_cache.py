@@ -122,3 +122,81 @@ def test_stale_build_is_recomputed_and_same_build_reused(patched_lib, tiny, tmp_
     _, st = _grid(tiny, out, n_ubatch=64)
     assert (st.computed, st.stale) == (1, 1)
     assert json.loads(unit.read_text())["build"]["n_ubatch"] == 64
+
+
+# --- a retrieval unit stopped part-way resumes at its next sample ------------------------------------
+
+
+class _Stop(Exception):
+    pass
+
+
+class _StoppingCache(EC.Cache):
+    """A cache that stops the run (as a kill would) right after the unit's partial file holds
+    ``after`` samples."""
+
+    def __init__(self, root, after: int):
+        super().__init__(root)
+        self.after = after
+
+    def put_partial(self, key, build, rows, wall_s):
+        super().put_partial(key, build, rows, wall_s)
+        if len(rows) == self.after:
+            raise _Stop
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("kind", ["niah_single", "passkey"])
+def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm2, tmp_path, kind):
+    """A retrieval unit keeps each answered sample in ``<unit>.partial``; run again with the same
+    build it answers only the samples not kept (a kept row planted with another answer stays in
+    the unit: it was not answered again), its answers are those of an uninterrupted run, and the
+    partial file is gone once the unit is stored. A partial file of another build is ignored."""
+    import os
+
+    from ggufrope.evaluation import units as EU
+
+    st, n_ctx, n = ED.Setting("none"), 1024, 4
+    threads = os.cpu_count() or 1
+
+    def run(cache, log=None):
+        with EU.UnitRunner(smollm2, cache, threads=threads, progress=False, log=log) as ur:
+            if kind == "passkey":
+                key = ur.passkey_key(st, n_ctx, n, 0, [0.0, 0.25, 0.5, 0.75, 1.0], ED.DEFAULT_N_GEN)
+                r = ur.passkey(st, n_ctx, trials=n, seed=0, depths=[0.0, 0.25, 0.5, 0.75, 1.0], n_gen=ED.DEFAULT_N_GEN)
+            else:
+                key = ur.ruler_key(st, n_ctx, kind, n, 0)
+                r = ur.ruler(st, n_ctx, kind, samples=n, seed=0)
+            return r, ur.stats, key
+
+    full, stats, key = run(EC.Cache(tmp_path / "a"))
+    assert stats.computed == 1 and not EC.Cache(tmp_path / "a").partial_path(key).exists()
+    answers = [r["answer"] for r in full["rows"]]
+
+    cache = EC.Cache(tmp_path / "b")
+    with pytest.raises(_Stop):
+        run(_StoppingCache(tmp_path / "b", after=2))
+    assert not cache.path(key).exists()
+    build = EC.build_info(0, EU.FLASH_ATTN, ED.batch_sizes(512, None, n_ctx)[1])
+    kept, wall = cache.read_partial(key, build)
+    assert len(kept) == 2 and wall > 0
+    planted = min(kept)
+    kept[planted] = {**kept[planted], "answer": "planted"}
+    cache.put_partial(key, build, kept, wall)
+    assert cache.read_partial(key, {**build, "library": "0" * 16}) == ({}, 0.0)  # another build's: none
+
+    log: list[str] = []
+    res, stats, _ = run(cache, log.append)
+    assert stats.computed == 1 and any(line.startswith("resuming ") and "2 samples done" in line for line in log), log
+    got = [r["answer"] for r in res["rows"]]
+    assert got[planted] == "planted"
+    assert [a for i, a in enumerate(got) if i != planted] == [a for i, a in enumerate(answers) if i != planted]
+    assert [res["rows"][i]["seconds"] for i in sorted(kept)] == [kept[i]["seconds"] for i in sorted(kept)]
+    assert res["wall_s"] > wall
+    assert cache.path(key).exists() and not cache.partial_path(key).exists()
+
+    # a partial file of another build: every sample answered again
+    cache_c = EC.Cache(tmp_path / "c")
+    cache_c.put_partial(key, {**build, "library": "0" * 16}, kept, wall)
+    res_c, _, _ = run(cache_c)
+    assert [r["answer"] for r in res_c["rows"]] == answers

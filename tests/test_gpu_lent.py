@@ -124,3 +124,38 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
         m = re.match(r"units: 0 computed, (\d+) from the cache, (\d+) not run", line)
         assert m, line
         assert (int(m[1]), int(m[2]) > 0) == (0, True), f"{job}: {line}"
+
+
+def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not_there(tmp_path):
+    """import: a new unit joins docs/results/cache, a recomputed committed one goes to
+    docs/results/gpu/units; a partial file (a unit the deadline stopped) joins the cache unless
+    its unit is there, so the next run of that build resumes it."""
+    import tarfile
+
+    repo = tmp_path / "repo"
+    (repo / "native").mkdir(parents=True)
+    script = repo / "native" / "gpu-lent.sh"
+    script.write_bytes(GPU_LENT.read_bytes())
+    cache = repo / "docs" / "results" / "cache"
+    cache.mkdir(parents=True)
+    (cache / "ruler-yarn-65536-old.json").write_text("committed")
+    (cache / "ruler-ntk-131072-done.json").write_text("committed")
+    src = tmp_path / "units"
+    src.mkdir()
+    files = {"ruler-none-65536-new.json": "new", "ruler-yarn-65536-old.json": "recomputed",
+             "ruler-linear-131072-cut.json.partial": "samples so far",
+             "ruler-ntk-131072-done.json.partial": "stale samples"}
+    for name, text in files.items():
+        (src / name).write_text(text)
+    tgz = tmp_path / "units.tar.gz"
+    with tarfile.open(tgz, "w:gz") as t:
+        for name in files:
+            t.add(src / name, arcname=f"./{name}")
+    r = subprocess.run(["bash", str(script), "import", str(tgz)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "1 new units in docs/results/cache, 1 recomputations" in r.stderr and "1 partial units" in r.stderr
+    assert (cache / "ruler-none-65536-new.json").read_text() == "new"
+    assert (cache / "ruler-yarn-65536-old.json").read_text() == "committed"
+    assert (repo / "docs" / "results" / "gpu" / "units" / "ruler-yarn-65536-old.json").read_text() == "recomputed"
+    assert (cache / "ruler-linear-131072-cut.json.partial").read_text() == "samples so far"
+    assert not (cache / "ruler-ntk-131072-done.json.partial").exists()

@@ -15,6 +15,13 @@ builds were recorded (none stored) keep their files. A unit computed by another 
 an unrecorded one) is stale: :func:`ggufrope.evaluation.grid.run_compare` recomputes and
 overwrites it, except with ``report_only``, which reads any build and counts the units per
 build (:func:`build_id`) in the report.
+
+**Partial units.** A retrieval unit (a passkey trial set, a RULER-lite task) takes minutes to
+hours beyond L on a CPU; its samples done so far are kept beside it in ``<unit file>.partial``
+(:meth:`Cache.read_partial`, :meth:`Cache.put_partial`), written after each sample, so a run
+that is stopped resumes at the next sample instead of the first. Samples are taken from a
+partial file only when the same build computed them (a unit is never a mix of builds); the
+file is removed when the unit is stored. Its name does not end in ``.json``: it is not a unit.
 """
 
 from __future__ import annotations
@@ -96,8 +103,32 @@ class Cache:
         return None if obj is None else obj["result"]
 
     def put(self, key: dict[str, Any], result: dict[str, Any], build: dict[str, Any] | None = None) -> None:
-        """Store ``result`` under ``key``, with the ``build`` that computed it (:func:`build_info`)."""
+        """Store ``result`` under ``key``, with the ``build`` that computed it (:func:`build_info`),
+        and remove the unit's partial file."""
         atomic_json(self.path(key), {"key": key, "result": result, **({"build": build} if build is not None else {})})
+        self.partial_path(key).unlink(missing_ok=True)
+
+    def partial_path(self, key: dict[str, Any]) -> pathlib.Path:
+        p = self.path(key)
+        return p.with_name(p.name + ".partial")
+
+    def read_partial(self, key: dict[str, Any], build: dict[str, Any] | None) -> tuple[dict[int, dict[str, Any]], float]:
+        """The samples of the unit ``key`` that ``build`` computed before it was stopped, by sample
+        index, and the seconds they took (``wall_s``); ``({}, 0.0)`` when there is no partial file,
+        or it holds another key or another build."""
+        try:
+            obj = json.loads(self.partial_path(key).read_text())
+        except (OSError, ValueError):
+            return {}, 0.0
+        if obj.get("key") != json.loads(json.dumps(key)) or obj.get("build") != build:
+            return {}, 0.0
+        return {int(i): row for i, row in obj["rows"].items()}, float(obj.get("wall_s", 0.0))
+
+    def put_partial(self, key: dict[str, Any], build: dict[str, Any] | None, rows: dict[int, dict[str, Any]],
+                    wall_s: float) -> None:
+        """Keep the samples computed so far of the unit ``key`` (by index), atomically."""
+        atomic_json(self.partial_path(key), {"key": key, "build": build, "wall_s": wall_s,
+                                             "rows": {str(i): r for i, r in sorted(rows.items())}})
 
 
 _library_hash: str | None = None

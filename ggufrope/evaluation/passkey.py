@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import GGUFRopeError
@@ -94,13 +94,17 @@ def depth_bucket(depth: float, buckets: Sequence[float] = DEFAULT_DEPTHS) -> flo
 
 def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
             depths: Sequence[float] | None = DEFAULT_DEPTHS, n_gen: int = DEFAULT_N_GEN,
-            progress: bool = False, desc: str = "passkey", keep_last: int | None = None) -> dict[str, Any]:
+            progress: bool = False, desc: str = "passkey", keep_last: int | None = None,
+            done: Mapping[int, dict[str, Any]] | None = None,
+            on_trial: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run ``trials`` passkey retrievals, each prompt filling ``n_ctx - n_gen`` tokens.
 
     ``keep_last``: the truncation baseline: each prompt cut to its last ``keep_last - n_gen``
     tokens (:func:`ggufrope.evaluation.ruler.truncate`; ``dec`` then holds the model at
-    ``keep_last`` without a method). Returns a dict with the accuracy, the accuracy by depth
-    bucket and every trial (key, depth, prompt tokens, the greedy answer, correct)."""
+    ``keep_last`` without a method). ``done``: trials answered before (by trial index, rows as
+    returned here), kept instead of answered again; ``on_trial(index, row)`` is called after
+    each trial answered here. Returns a dict with the accuracy, the accuracy by depth bucket and
+    every trial (key, depth, prompt tokens, the greedy answer, correct)."""
     from tqdm import tqdm
 
     from .ruler import truncate
@@ -113,19 +117,23 @@ def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
         if keep_last is not None:
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((key, depth, toks, n_fill))
-    done: dict[int, dict[str, Any]] = {}
-    with tqdm(total=trials, unit="trial", desc=desc, disable=not progress, file=sys.stderr,
+    rows = {t: r for t, r in (done or {}).items() if t < trials}
+    with tqdm(total=trials, initial=len(rows), unit="trial", desc=desc, disable=not progress, file=sys.stderr,
               dynamic_ncols=True, leave=False) as bar:
         for t in answer_order(dec, [depth for _, depth, _, _ in built]):
+            if t in rows:
+                continue
             t0 = time.perf_counter()
             key, depth, toks, n_fill = built[t]
             answer = greedy_answer(dec, toks, n_gen)
-            done[t] = {"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
+            rows[t] = {"key": key, "depth": depth, "bucket": depth_bucket(depth), "filler_sentences": n_fill,
                        "prompt_tokens": len(toks), "answer": answer, "correct": str(key) in answer,
                        "seconds": time.perf_counter() - t0, "reused_tokens": dec.last_reused}
-            bar.set_postfix(acc=f"{sum(r['correct'] for r in done.values())}/{len(done)}")
+            if on_trial is not None:
+                on_trial(t, rows[t])
+            bar.set_postfix(acc=f"{sum(r['correct'] for r in rows.values())}/{len(rows)}")
             bar.update(1)
-    return summarize_passkey([done[t] for t in range(trials)])
+    return summarize_passkey([rows[t] for t in range(trials)])
 
 
 def summarize_passkey(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -45,7 +45,7 @@ import string
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,12 +339,15 @@ def truncate(tokens: Sequence[int], keep_last: int, bos: int | None) -> list[int
 
 def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 0, keep_last: int | None = None,
              chat: bool | None = None, progress: bool = False, desc: str | None = None,
-             on_sample: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+             on_sample: Callable[[dict[str, Any]], None] | None = None,
+             done: Mapping[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run ``samples`` samples of ``task`` whose prompts fill ``n_ctx - N_GEN[task]`` tokens, on
     the decoder ``dec`` (:class:`ggufrope.evaluation.decoder.Decoder`); greedy answers.
 
     ``keep_last``: the truncation baseline: the same prompts cut to their last ``keep_last -
-    N_GEN[task]`` tokens (``dec`` then holds a model at L without a method). Returns a dict:
+    N_GEN[task]`` tokens (``dec`` then holds a model at L without a method). ``done``: rows of
+    samples answered before (by index, as this function returns them), kept instead of answered
+    again; ``on_sample(row)`` is called after each sample answered here. Returns a dict:
     ``score`` (percent, RULER's string_match_all), ``control`` (the shuffled control, percent),
     ``rows`` (per sample: index, haystack size, depth, prompt tokens, answer, gold, score,
     seconds), ``seconds``. Raises GGUFRopeError when the task or length is impossible."""
@@ -368,10 +371,12 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((s, toks))
     order = answer_order(dec, [s.depth for s, _ in built])  # cwe/fwe have no depth
-    rows: list[dict[str, Any]] = []
-    with tqdm(total=samples, unit="sample", desc=desc or task, disable=not progress, file=sys.stderr,
-              dynamic_ncols=True, leave=False) as bar:
+    rows: list[dict[str, Any]] = [r for i, r in (done or {}).items() if i < samples]
+    with tqdm(total=samples, initial=len(rows), unit="sample", desc=desc or task, disable=not progress,
+              file=sys.stderr, dynamic_ncols=True, leave=False) as bar:
         for i in order:
+            if done and i in done:
+                continue
             t0 = time.perf_counter()
             s, toks = built[i]
             answer = greedy_answer(dec, toks, n_gen)

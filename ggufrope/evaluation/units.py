@@ -8,6 +8,11 @@ tune`` (:mod:`ggufrope.evaluation.tune`) both evaluate through it, so their unit
 longer ``n_ctx``, cut to their last L tokens and answered by the model without a method at
 n_ctx = L (:func:`ggufrope.evaluation.ruler.truncate`); their key is method ``none`` at L
 with ``prompt_n_ctx`` = the n_ctx the prompts were built for.
+
+**Resuming.** A retrieval unit keeps each sample (trial) in the cache's partial file as it is
+answered (:meth:`ggufrope.evaluation.cache.Cache.put_partial`); computing the unit again with
+the same build starts from the samples not yet answered, and its ``wall_s`` counts the earlier
+runs' seconds too.
 """
 
 from __future__ import annotations
@@ -51,6 +56,16 @@ def advance(bar: Any, computed: bool, n: int = 1) -> None:
     if not computed and not bar.disable:  # a disabled bar has no ``initial``
         bar.initial += n
     bar.update(n)
+
+
+@dataclasses.dataclass
+class Resume:
+    """What a unit's ``compute`` is given besides the decoder: ``done``, the samples answered by
+    an earlier run of the same build (by sample index), and ``save(index, row)``, to be called
+    after each new sample (it rewrites the unit's partial file)."""
+
+    done: dict[int, dict[str, Any]]
+    save: Callable[[int, dict[str, Any]], None]
 
 
 class UnitRunner:
@@ -116,9 +131,11 @@ class UnitRunner:
         return self.dec
 
     def unit(self, st: Setting, n_ctx: int, key: dict, label: str,
-             compute: Callable[[Decoder], dict[str, Any]]) -> dict[str, Any] | None:
-        """The result of the unit ``key`` (``st`` at ``n_ctx``): cached, or ``compute(decoder)``
-        on the model loaded with ``st`` at ``n_ctx`` (stored with the build and ``wall_s``)."""
+             compute: Callable[[Decoder, Resume], dict[str, Any]]) -> dict[str, Any] | None:
+        """The result of the unit ``key`` (``st`` at ``n_ctx``): cached, or ``compute(decoder,
+        resume)`` on the model loaded with ``st`` at ``n_ctx`` (stored with the build and
+        ``wall_s``); ``resume`` (:class:`Resume`) holds the samples of the unit's partial file
+        that this build computed."""
         unit = self.cache.read(key)
         self.last_computed = False
         if unit is None and self.report_only:
@@ -133,13 +150,22 @@ class UnitRunner:
             unit = None
         if unit is None:
             dec = self._decoder(st, n_ctx)
+            done, before = self.cache.read_partial(key, build)
+            if done:
+                self.say(f"resuming {label}: {len(done)} samples done ({before:.0f} s)")
+            rows = dict(done)
             t0 = time.perf_counter()
-            r = compute(dec)
+
+            def save(i: int, row: dict[str, Any]) -> None:
+                rows[i] = row
+                self.cache.put_partial(key, build, rows, before + time.perf_counter() - t0)
+
+            r = compute(dec, Resume(done, save))
             if st.dynamic:  # the k the last window / trial reached
                 from ..runtime import factor_in_use
 
                 r["factor_end"] = factor_in_use(self.llm)
-            r["wall_s"] = time.perf_counter() - t0
+            r["wall_s"] = before + time.perf_counter() - t0
             self.cache.put(key, r, build)
             self.stats.computed += 1
             self.last_computed = True
@@ -157,7 +183,7 @@ class UnitRunner:
         """Perplexity of ``text`` (:func:`ggufrope.evaluation.ppl.perplexity`): windows and their
         pooled summary (``ppl``, ``ppl_beyond``, ``ppl_within``, ...)."""
 
-        def compute(dec: Decoder) -> dict[str, Any]:
+        def compute(dec: Decoder, resume: Resume) -> dict[str, Any]:  # one window: nothing to resume
             if text.name not in self._tokens:
                 self._tokens[text.name] = dec.tokenize(text.text)
             ws = perplexity(dec, self._tokens[text.name], n_ctx, self.L, score_from=score_from,
@@ -175,9 +201,10 @@ class UnitRunner:
 
         key = self.passkey_key(st, n_ctx, trials, seed, depths, n_gen, truncate_from)
         label = f"{st.label()} @ {n_ctx} passkey" + (f" (prompts of {truncate_from}, truncated)" if truncate_from else "")
-        return self.unit(st, n_ctx, key, label, lambda dec: passkey(
+        return self.unit(st, n_ctx, key, label, lambda dec, resume: passkey(
             dec, truncate_from or n_ctx, trials=trials, seed=seed, depths=depths, n_gen=n_gen,
-            progress=self.progress, keep_last=n_ctx if truncate_from else None))
+            progress=self.progress, keep_last=n_ctx if truncate_from else None, done=resume.done,
+            on_trial=resume.save))
 
     def ruler(self, st: Setting, n_ctx: int, task: str, *, samples: int, seed: int,
               truncate_from: int | None = None) -> dict[str, Any] | None:
@@ -187,9 +214,10 @@ class UnitRunner:
 
         key = self.ruler_key(st, n_ctx, task, samples, seed, truncate_from)
         label = f"{st.label()} @ {n_ctx} {task}" + (f" (prompts of {truncate_from}, truncated)" if truncate_from else "")
-        return self.unit(st, n_ctx, key, label, lambda dec: run_task(
+        return self.unit(st, n_ctx, key, label, lambda dec, resume: run_task(
             dec, task, truncate_from or n_ctx, samples=samples, seed=seed,
-            keep_last=n_ctx if truncate_from else None, progress=self.progress))
+            keep_last=n_ctx if truncate_from else None, progress=self.progress, done=resume.done,
+            on_sample=lambda row: resume.save(row["index"], row)))
 
     def _free(self) -> None:
         if self.dec is not None:
