@@ -138,3 +138,20 @@ def test_plot_rows_marks_each_cell_not_run_and_nothing_else():
     assert ppl_marks == ["tech: not run", "tech: not run"]
     # only the dynamic row lacks retrieval, both columns of it (the grid has passkey trials too)
     assert ret_marks == ["niah_single: not run", "passkey: not run"]
+
+
+def test_a_factor_k_given_to_the_grid_is_named_in_the_static_rows():
+    """-k 2.5 at n_ctx 16384 over L 8192 (k = 2 by default): the rows say k=2.5 (the baseline, which
+    takes no k, and the truncation row do not); without -k the rows name no k."""
+    res = _res()
+    res["grid"]["factor"] = 2.5
+    lines = ER.retrieval_table(res).splitlines()
+    assert lines[2] == "| YaRN k=2.5 | 30 | 40 |"
+    assert lines[3] == "| NTK-RoPE-mixed (b=0.625) k=2.5 | 50 | 60 |"
+    assert lines[4] == "| Truncation baseline (last L = 8192 tokens, none) | 60 | 55 |"
+    assert ER.ppl_by_text_table(res).splitlines()[3] == "| NTK-RoPE-mixed (b=0.625) k=2.5 | 9.750 / – | – |"
+    res["grid"]["methods"] = ["none"]
+    res["cells"][0]["method"] = "none"
+    assert ER.markdown_table(res).splitlines()[2].startswith("| Baseline | ")
+    res["grid"]["factor"] = None
+    assert ER.retrieval_table(_res()).splitlines()[3] == "| NTK-RoPE-mixed (b=0.625) | 50 | 60 |"

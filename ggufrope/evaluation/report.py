@@ -18,10 +18,15 @@ SEED_NAMES = {
 }
 
 
-def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False, attn_factor: float = 1.0) -> str:
+def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = False, attn_factor: float = 1.0,
+              factor: float | None = None) -> str:
+    """A row's name: the seed's name of the method, b (ntk-mixed), ``k=`` when the grid gave a
+    factor k (-k) to a static row (else k = n_ctx/L, named in the notes), dyn, log n, attn×s."""
     name = SEED_NAMES.get(method, method)
     if method == "ntk-mixed" and exponent is not None:
         name += f" (b={exponent:g})"
+    if factor is not None and method != "none" and not dynamic:
+        name += f" k={factor:g}"
     return (name + (" dyn" if dynamic else "") + (" + log n" if logn else "")
             + (f" attn×{attn_factor:g}" if attn_factor != 1.0 else ""))
 
@@ -52,7 +57,7 @@ def markdown_table(res: dict[str, Any]) -> str:
                 p = "–"
             a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
             cells.append(f"{p} / {a}")
-        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn, g.get('attn_factor', 1.0))} | "
+        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn, g.get('attn_factor', 1.0), g.get('factor'))} | "
                      + " | ".join(cells) + " |")
     notes = [
         "",
@@ -247,7 +252,7 @@ def _name(res: dict[str, Any], m: str, ln: bool, dyn: bool) -> str:
     if m == "truncate":
         return f"Truncation baseline (last L = {res['model']['n_ctx_orig']} tokens, none)"
     g = res["grid"]
-    return _row_name(m, ln, g["exponent"] if m == "ntk-mixed" else None, dyn, g.get("attn_factor", 1.0))
+    return _row_name(m, ln, g["exponent"] if m == "ntk-mixed" else None, dyn, g.get("attn_factor", 1.0), g.get("factor"))
 
 
 def _ppl_by_text(res: dict[str, Any]) -> list[tuple[str, list[dict[str, Any] | None]]]:
