@@ -250,14 +250,18 @@ default_jobs() {
     # cells with no unit in docs/results/cache: a unit of another build is recomputed there)
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
-                   # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done); '@gemma3'
-                   # needs gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not
-                   # run); a Gemma 3 4xL sample is a 131072-token prefill
-        "@gemma3 -c 65536 --methods none,linear,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
+                   # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done; 2026-11-28:
+                   # Gemma 3 4xL niah_single for YaRN, the seed default and truncation); '@gemma3' needs
+                   # gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a
+                   # Gemma 3 4xL sample is a 131072-token prefill (7-9 s on the H200, 190 s a cell)
+        "@gemma3 -c 65536 --methods ntk-mixed --b 0.375 -k 2.5 --logn off $R --trials 10 --no-truncation"  # tune's
+        "@gemma3 -c 65536 --methods none,linear,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"  # choice
         "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"        # on the CPU: YaRN, the seed
         "@gemma3 -c 65536 --methods ntk-mixed --logn off $R --trials 10 --no-truncation"  # default, truncation
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
-        "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks niah_single --trials 0"
+        "@gemma3 -c 131072 --methods none,linear,ntk --logn both $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods yarn --logn on $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk-mixed --logn off $R --tasks niah_single --trials 0 --no-truncation"
         "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks vt --trials 10"
     )
     printf '%s\n' "${jobs[@]}"
@@ -315,10 +319,11 @@ import_units() {
     for f in "$tmp"/*.json; do
         [ -f "$f" ] || continue
         if [ -f "docs/results/cache/$(basename "$f")" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
-        else cp "$f" docs/results/cache/; n=$((n + 1)); fi
+        else cp "$f" docs/results/cache/ && rm -f "docs/results/cache/$(basename "$f").partial"; n=$((n + 1)); fi
     done
     # a partial file (the samples of a unit the deadline stopped) joins the cache when the unit is not
-    # there: the next run of that build resumes it (evaluation/cache.py)
+    # there: the next run of that build resumes it (evaluation/cache.py); a unit that arrives removes
+    # its partial file (imported from an earlier call's units.tar.gz)
     local np=0
     for f in "$tmp"/*.json.partial; do
         [ -f "$f" ] || continue

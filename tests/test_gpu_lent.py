@@ -129,7 +129,8 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
 def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not_there(tmp_path):
     """import: a new unit joins docs/results/cache, a recomputed committed one goes to
     docs/results/gpu/units; a partial file (a unit the deadline stopped) joins the cache unless
-    its unit is there, so the next run of that build resumes it."""
+    its unit is there, so the next run of that build resumes it; a unit that arrives removes its
+    partial file (an earlier call's import brought it)."""
     import tarfile
 
     repo = tmp_path / "repo"
@@ -140,6 +141,7 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     cache.mkdir(parents=True)
     (cache / "ruler-yarn-65536-old.json").write_text("committed")
     (cache / "ruler-ntk-131072-done.json").write_text("committed")
+    (cache / "ruler-none-65536-new.json.partial").write_text("an earlier call's samples")
     src = tmp_path / "units"
     src.mkdir()
     files = {"ruler-none-65536-new.json": "new", "ruler-yarn-65536-old.json": "recomputed",
@@ -159,3 +161,4 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     assert (repo / "docs" / "results" / "gpu" / "units" / "ruler-yarn-65536-old.json").read_text() == "recomputed"
     assert (cache / "ruler-linear-131072-cut.json.partial").read_text() == "samples so far"
     assert not (cache / "ruler-ntk-131072-done.json.partial").exists()
+    assert not (cache / "ruler-none-65536-new.json.partial").exists()  # its unit arrived
