@@ -63,3 +63,23 @@ def test_passkey_short_context_solved_and_grader_not_blind(patched_lib, smollm2)
     assert all(row["reused_tokens"] == 0 for row in full["rows"])
     assert [row["answer"] for row in full["rows"]] == [row["answer"] for row in r["rows"][:5]]
     assert "24680" in answer and "13579" not in answer
+
+
+def test_passkey_prompt_takes_the_most_filler_that_fits(patched_lib, smollm2):
+    """build_passkey_tokens' secant estimate and bracket give the most filler sentences that fit:
+    one more would not (the counts equal those of the committed units, which a walk one sentence
+    at a time chose: checked at 16384 on SmolLM2 and 65536 on Gemma 3, 2026-11-28); the prompts of
+    a trial set are built once per model file (a second run tokenizes nothing)."""
+    llm = ED.load_model(smollm2, ED.Setting("none"), 1024, n_batch=512, threads=THREADS)
+    with ED.Decoder(llm) as dec:
+        for budget, depth in ((300, 0.0), (1000, 0.5), (7000, 1.0)):
+            toks, n = EPK.build_passkey_tokens(dec, 31337, depth, budget)
+            assert len(toks) <= budget and toks == dec.tokenize(EPK.passkey_text(31337, n, depth))
+            assert len(dec.tokenize(EPK.passkey_text(31337, n + 1, depth))) > budget, (budget, n)
+        ED._PROMPTS.clear()
+        EPK.passkey(dec, 1024, trials=2, seed=7)
+        n0 = dec.n_decoded
+        real, calls = dec.tokenize, []
+        dec.tokenize = lambda text, add_bos=True: calls.append(1) or real(text, add_bos)
+        r = EPK.passkey(dec, 1024, trials=2, seed=7)
+        assert calls == [] and dec.n_decoded > n0 and r["trials"] == 2

@@ -250,3 +250,42 @@ def test_prefix_reuse_gives_the_answers_of_full_prefills(dec):
         dec.reuse_prefix = True
     assert all(x["reused_tokens"] == 0 for x in full["rows"])
     assert [x["answer"] for x in full["rows"]] == [x["answer"] for x in rows[:4]]
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("task", R.TASKS)
+def test_fit_sample_takes_the_largest_haystack_that_fits(dec, task):
+    """fit_sample's secant estimate and bracket give the largest haystack whose prompt fits the
+    budget: one more line of haystack would not fit (with the long variants above 4096 tokens).
+    The sizes equal those of the committed units, which a bisection over [1, 2 x budget /
+    tokens-per-size] chose (checked at 16384 and 32768 tokens on SmolLM2 and at 65536 and 131072
+    on Gemma 3 when the estimate replaced it, 2026-11-28)."""
+    p = R.Prompter(dec.llm)
+    for budget in (1000, N_CTX - R.N_GEN[task], 6000):
+        s, toks = R.fit_sample(p, task, 1, 2, budget)
+        assert len(toks) <= budget, (task, budget)
+        bigger = R.make_sample(task, 1, 2, s.size + 1, long=budget > 4096)
+        assert len(p.tokens(bigger)) > budget, (task, budget, s.size)
+
+
+@pytest.mark.real_model
+def test_prompts_are_built_once_per_model_file_and_recipe(dec, monkeypatch):
+    """The cells of a grid (a model loaded per setting) and the truncation baseline build the same
+    prompts: the second run tokenizes nothing, with the same prompts; another seed builds anew."""
+    from ggufrope.evaluation import decoder as ED
+
+    calls = []
+    real = R.Prompter.tokens
+    monkeypatch.setattr(R.Prompter, "tokens", lambda self, s: calls.append(s.size) or real(self, s))
+    monkeypatch.setattr(ED, "_PROMPTS", type(ED._PROMPTS)())
+    first = R.run_task(dec, "vt", 1024, samples=2, seed=5)
+    assert calls
+    calls.clear()
+    again = R.run_task(dec, "vt", 1024, samples=2, seed=5)
+    cut = R.run_task(dec, "vt", 1024, samples=2, seed=5, keep_last=512)
+    assert calls == []
+    assert [r["prompt_tokens"] for r in again["rows"]] == [r["prompt_tokens"] for r in first["rows"]]
+    assert [r["answer"] for r in again["rows"]] == [r["answer"] for r in first["rows"]]
+    assert all(r["prompt_tokens"] == 512 - R.N_GEN["vt"] for r in cut["rows"])
+    R.run_task(dec, "vt", 1024, samples=1, seed=6)
+    assert calls  # another recipe: built

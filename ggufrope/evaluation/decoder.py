@@ -32,6 +32,7 @@ the logits are those of a prefill from empty. Retrieval rows record ``reused_tok
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import os
@@ -209,6 +210,38 @@ def prefix_reuse_ok(llm: Any) -> bool:
     dynamic = rope.dynamic if rope is not None else (has_dynamic() and dynamic_in_use(llm))
     swa_ok = int(llama_cpp.llama_model_n_swa(llm.model)) == 0 or bool(llm.context_params.swa_full)
     return not has_gpu() and swa_ok and not dynamic
+
+
+#: fitted retrieval prompts kept by :func:`memo_prompt`, the most recent last
+_PROMPTS: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
+#: how many :func:`memo_prompt` keeps: the prompts of several cells of 10 samples (a 131,072-token
+#: prompt is about 5 MB as a list of ints)
+PROMPT_MEMO_SIZE = 40
+
+
+def memo_prompt(llm: Any, what: tuple, build: Callable[[], Any]) -> Any:
+    """``build()``, remembered for the model file of ``llm`` (real path, size, mtime) and
+    ``what`` (the prompt's recipe: task, seed, index, token budget, ...): the cells of a grid load
+    the same model once per setting and build the same retrieval prompts, and so does the
+    truncation baseline (cut afterwards), and at 131,072 tokens a prompt takes seconds of
+    tokenization to fit. Only the tokenizer and the chat template of the file decide the result,
+    which the rope settings of a load do not change. The caller must not modify what it gets."""
+    path = getattr(llm, "model_path", None)
+    if not path:
+        return build()
+    try:
+        st = os.stat(path)
+    except OSError:
+        return build()
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, *what)
+    if key in _PROMPTS:
+        _PROMPTS.move_to_end(key)
+        return _PROMPTS[key]
+    value = build()
+    _PROMPTS[key] = value
+    while len(_PROMPTS) > PROMPT_MEMO_SIZE:
+        _PROMPTS.popitem(last=False)
+    return value
 
 
 class Decoder:

@@ -53,26 +53,44 @@ def passkey_text(key: int, n_sentences: int, depth: float) -> str:
 
 def build_passkey_tokens(dec: Decoder, key: int, depth: float, budget: int) -> tuple[list[int], int]:
     """The passkey prompt for ``key`` at ``depth`` with as many filler sentences as fit in
-    ``budget`` tokens (BOS included); returns (tokens, filler sentences)."""
+    ``budget`` tokens (BOS included); returns (tokens, filler sentences). The prompt's length
+    grows with the sentences, nearly linearly: a secant estimate from 0 and 100 sentences, one
+    secant step from it, then a bracket around it (widened by doubling steps) bisected, so a
+    65,536-token prompt takes a few tokenizations of its full length (a walk one sentence at a
+    time from the first estimate took dozens)."""
+    built: dict[int, list[int]] = {}
 
-    def toks(n: int) -> list[int]:
-        return dec.tokenize(passkey_text(key, n, depth))
+    def length(n: int) -> int:
+        if n not in built:
+            built[n] = dec.tokenize(passkey_text(key, n, depth))
+        return len(built[n])
 
-    base = len(toks(0))
+    base = length(0)
     if base > budget:
         raise GGUFRopeError(f"the passkey prompt needs {base} tokens without filler; the context is too small")
-    per = (len(toks(100)) - base) / 100.0
-    n = max(0, int((budget - base) / per))
-    t = toks(n)
-    while len(t) > budget and n > 0:
-        n -= 1
-        t = toks(n)
-    while True:
-        t2 = toks(n + 1)
-        if len(t2) > budget:
-            break
-        n, t = n + 1, t2
-    return t, n
+
+    def estimate(n: int) -> int:  # where the line through (0, base) and (n, length(n)) meets budget
+        return max(0, int((budget - base) * n / max(1, length(n) - base)))
+
+    n = estimate(100)
+    if n > 0:
+        n = estimate(n)
+    step = max(2, n // 2000)
+    if length(n) <= budget:
+        lo, hi = n, n + step
+        while length(hi) <= budget:
+            lo, hi, step = hi, hi + step, step * 2
+    else:
+        lo, hi = max(0, n - step), n
+        while length(lo) > budget:
+            lo, hi, step = max(0, lo - step), lo, step * 2
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if length(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return built[lo], lo
 
 
 def passkey_trials(trials: int, seed: int, depths: Sequence[float] | None) -> list[tuple[int, float]]:
@@ -111,9 +129,12 @@ def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
 
     if (keep_last or n_ctx) > dec.n_ctx:
         raise GGUFRopeError(f"passkey length {keep_last or n_ctx} exceeds the context {dec.n_ctx}")
+    from .decoder import memo_prompt
+
     built = []
     for key, depth in passkey_trials(trials, seed, depths):
-        toks, n_fill = build_passkey_tokens(dec, key, depth, n_ctx - n_gen)
+        toks, n_fill = memo_prompt(dec.llm, ("passkey", key, depth, n_ctx - n_gen),
+                                   lambda key=key, depth=depth: build_passkey_tokens(dec, key, depth, n_ctx - n_gen))
         if keep_last is not None:
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((key, depth, toks, n_fill))

@@ -18,8 +18,11 @@ Tasks (RULER's names; each sample is a user message, an answer prefix and the go
   (alpha = 2, the top word replaced by ``...``); gold: the ranks 2-4.
 
 **Lengths.** The prompt (chat template, message, answer prefix) fills ``n_ctx - n_gen``
-tokens: the haystack size is the largest that fits, found by bisection with the model's own
-tokenizer, so every sample is as long as the context allows. A sample is a pure function of
+tokens: the haystack size is the largest that fits, found with the model's own tokenizer (a
+secant estimate, then a bisection around it: :func:`fit_sample`), so every sample is as long as
+the context allows; a process builds each prompt once per model file
+(:func:`ggufrope.evaluation.decoder.memo_prompt`), whichever cell or truncation baseline asks
+for it. A sample is a pure function of
 (task, seed, index, haystack size): the same seed gives the same prompts on every machine.
 
 **Chat template.** When the GGUF has a ``tokenizer.chat_template`` (SmolLM2-Instruct,
@@ -212,7 +215,7 @@ def _cwe(task: str, seed: int, index: int, size: int, long: bool = False) -> Sam
 @functools.lru_cache(maxsize=None)
 def _zeta(alpha: float) -> float:
     """Riemann zeta(alpha), alpha > 1: the first 99,999 terms and the integral of the tail (computed
-    once per alpha: the bisection of :func:`fit_sample` builds a sample many times)."""
+    once per alpha: :func:`fit_sample` builds a sample several times)."""
     return sum(k ** -alpha for k in range(1, 100_000)) + 1.0 / ((alpha - 1) * 100_000 ** (alpha - 1))
 
 
@@ -297,34 +300,48 @@ class Prompter:
 
 
 def fit_sample(prompter: Prompter, task: str, seed: int, index: int, budget: int) -> tuple[Sample, list[int]]:
-    """The sample with the largest haystack whose prompt takes <= ``budget`` tokens (bisection
-    on the size; prompt length grows with it), and its tokens. Raises GGUFRopeError when not
-    even a haystack of 1 fits."""
+    """The sample with the largest haystack whose prompt takes <= ``budget`` tokens, and its
+    tokens. The prompt's length grows with the haystack size, nearly linearly: a secant estimate
+    from sizes 1 and 64, one secant step from the estimate, then a bracket around it (widened by
+    doubling steps until one end fits and the other does not) bisected, so a 131,072-token prompt
+    takes about 5 tokenizations of its full length instead of the ~15 of a bisection over [1,
+    2 x budget / tokens-per-size]. Raises GGUFRopeError when not even a haystack of 1 fits."""
     long = budget > 4096
+    built: dict[int, tuple[Sample, list[int]]] = {}
 
-    def build(n: int) -> tuple[Sample, list[int]]:
-        s = make_sample(task, seed, index, n, long=long)
-        return s, prompter.tokens(s)
+    def length(n: int) -> int:
+        if n not in built:
+            s = make_sample(task, seed, index, n, long=long)
+            built[n] = (s, prompter.tokens(s))
+        return len(built[n][1])
 
-    lo_s, lo_t = build(1)
-    if len(lo_t) > budget:
-        raise GGUFRopeError(f"{task}: the prompt needs {len(lo_t)} tokens with the smallest haystack; "
+    base = length(1)
+    if base > budget:
+        raise GGUFRopeError(f"{task}: the prompt needs {base} tokens with the smallest haystack; "
                             f"the context leaves {budget}")
-    per = max(1.0, (len(build(64)[1]) - len(lo_t)) / 63.0)
-    lo, hi = 1, max(2, int(2 * budget / per) + 2)
-    while len(build(hi)[1]) <= budget:  # pragma: no cover - the estimate is generous
-        lo, hi = hi, hi * 2
-    best = (lo_s, lo_t)
+
+    def estimate(n: int) -> int:  # the size where the line through (1, base) and (n, length(n)) meets budget
+        return max(1, 1 + int((budget - base) * (n - 1) / max(1, length(n) - base)))
+
+    n = estimate(64)
+    if n > 1:
+        n = estimate(n)
+    step = max(2, n // 2000)
+    if length(n) <= budget:
+        lo, hi = n, n + step
+        while length(hi) <= budget:
+            lo, hi, step = hi, hi + step, step * 2
+    else:
+        lo, hi = max(1, n - step), n
+        while length(lo) > budget:
+            lo, hi, step = max(1, lo - step), lo, step * 2
     while lo < hi - 1:
         mid = (lo + hi) // 2
-        s, t = build(mid)
-        if len(t) <= budget:
-            lo, best = mid, (s, t)
+        if length(mid) <= budget:
+            lo = mid
         else:
             hi = mid
-    if best[0].size != lo:
-        best = build(lo)
-    return best
+    return built[lo]
 
 
 def truncate(tokens: Sequence[int], keep_last: int, bos: int | None) -> list[int]:
@@ -363,10 +380,13 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
     limit = keep_last if keep_last is not None else n_ctx
     if limit > dec.n_ctx:
         raise GGUFRopeError(f"{task}: {limit} tokens do not fit the context {dec.n_ctx}")
+    from .decoder import memo_prompt
+
     prompter = Prompter(dec.llm, chat)
     built = []
     for i in range(samples):
-        s, toks = fit_sample(prompter, task, seed, i, n_ctx - n_gen)
+        s, toks = memo_prompt(dec.llm, ("ruler", prompter.chat, task, seed, i, n_ctx - n_gen),
+                              lambda i=i: fit_sample(prompter, task, seed, i, n_ctx - n_gen))
         if keep_last is not None:
             toks = truncate(toks, keep_last - n_gen, dec.bos if dec.add_bos else None)
         built.append((s, toks))
