@@ -15,6 +15,8 @@ import re
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ggufrope.errors import GGUFRopeError
 from ggufrope.evaluation import ruler as R
@@ -289,3 +291,37 @@ def test_prompts_are_built_once_per_model_file_and_recipe(dec, monkeypatch):
     assert all(r["prompt_tokens"] == 512 - R.N_GEN["vt"] for r in cut["rows"])
     R.run_task(dec, "vt", 1024, samples=1, seed=6)
     assert calls  # another recipe: built
+
+
+@given(a=st.integers(20, 400), per=st.integers(1, 40), wobble=st.integers(0, 9), first=st.sampled_from([0, 1]),
+       budget=st.integers(0, 200_000))
+@settings(max_examples=300, deadline=None)
+def test_largest_fitting_is_the_largest_size_that_fits(a, per, wobble, first, budget):
+    """largest_fitting against its definition, max{n >= first: length(n) <= budget}, found by a
+    scan, for non-decreasing lengths that grow nearly linearly (a fixed part, a per-size part and
+    a rounding wobble, as a tokenizer gives) and every budget the first size fits."""
+    def length(n):
+        return a + per * n + (n * wobble) // 7
+
+    if length(first) > budget:
+        return
+    # the scan starts at a size that fits for sure (length(n) <= a + (per + wobble / 7) n)
+    want = max(first, int((budget - a) / (per + wobble / 7)) - 1)
+    assert length(want) <= budget
+    while length(want + 1) <= budget:
+        want += 1
+    assert R.largest_fitting(length, budget, first, 64) == want
+
+
+def test_largest_fitting_evaluates_few_full_lengths():
+    """On a 131,072-token budget with 25 tokens a size (niah_single's line), a handful of
+    evaluations, each counted."""
+    seen = []
+
+    def length(n):
+        seen.append(n)
+        return 300 + 25 * n + n // 3
+
+    n = R.largest_fitting(length, 131_040, 1, 64)
+    assert length(n) <= 131_040 < length(n + 1)
+    assert len(set(seen) - {1, 64, n + 1}) <= 6, sorted(set(seen))

@@ -53,11 +53,10 @@ def passkey_text(key: int, n_sentences: int, depth: float) -> str:
 
 def build_passkey_tokens(dec: Decoder, key: int, depth: float, budget: int) -> tuple[list[int], int]:
     """The passkey prompt for ``key`` at ``depth`` with as many filler sentences as fit in
-    ``budget`` tokens (BOS included); returns (tokens, filler sentences). The prompt's length
-    grows with the sentences, nearly linearly: a secant estimate from 0 and 100 sentences, one
-    secant step from it, then a bracket around it (widened by doubling steps) bisected, so a
-    65,536-token prompt takes a few tokenizations of its full length (a walk one sentence at a
-    time from the first estimate took dozens)."""
+    ``budget`` tokens (BOS included; :func:`ggufrope.evaluation.ruler.largest_fitting` over the
+    number of sentences); returns (tokens, filler sentences)."""
+    from .ruler import largest_fitting
+
     built: dict[int, list[int]] = {}
 
     def length(n: int) -> int:
@@ -65,32 +64,10 @@ def build_passkey_tokens(dec: Decoder, key: int, depth: float, budget: int) -> t
             built[n] = dec.tokenize(passkey_text(key, n, depth))
         return len(built[n])
 
-    base = length(0)
-    if base > budget:
-        raise GGUFRopeError(f"the passkey prompt needs {base} tokens without filler; the context is too small")
-
-    def estimate(n: int) -> int:  # where the line through (0, base) and (n, length(n)) meets budget
-        return max(0, int((budget - base) * n / max(1, length(n) - base)))
-
-    n = estimate(100)
-    if n > 0:
-        n = estimate(n)
-    step = max(2, n // 2000)
-    if length(n) <= budget:
-        lo, hi = n, n + step
-        while length(hi) <= budget:
-            lo, hi, step = hi, hi + step, step * 2
-    else:
-        lo, hi = max(0, n - step), n
-        while length(lo) > budget:
-            lo, hi, step = max(0, lo - step), lo, step * 2
-    while lo < hi - 1:
-        mid = (lo + hi) // 2
-        if length(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return built[lo], lo
+    if length(0) > budget:
+        raise GGUFRopeError(f"the passkey prompt needs {length(0)} tokens without filler; the context is too small")
+    n = largest_fitting(length, budget, 0, 100)
+    return built[n], n
 
 
 def passkey_trials(trials: int, seed: int, depths: Sequence[float] | None) -> list[tuple[int, float]]:

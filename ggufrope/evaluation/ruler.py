@@ -299,13 +299,44 @@ class Prompter:
         return self._renderer.tokenize(self.text(s))
 
 
+def largest_fitting(length: Callable[[int], int], budget: int, first: int, probe: int) -> int:
+    """The largest size n >= ``first`` with ``length(n) <= budget``, for a prompt length that grows
+    with n nearly linearly (``length(first) <= budget`` is the caller's to check): a secant
+    estimate through ``first`` and ``probe``, one secant step from it, then a bracket around it
+    (widened by doubling steps until one end fits and the other does not) bisected. A prompt
+    filling 131,072 tokens takes about 5 evaluations of ``length`` at its full size, where a
+    bisection over [first, 2 x budget / tokens-per-size] took ~15. With ``length`` non-decreasing
+    the result is that bisection's."""
+    base = length(first)
+
+    def estimate(n: int) -> int:  # where the line through (first, base) and (n, length(n)) meets budget
+        return max(first, first + int((budget - base) * (n - first) / max(1, length(n) - base)))
+
+    n = estimate(probe)
+    if n > first:
+        n = estimate(n)
+    step = max(2, n // 2000)
+    if length(n) <= budget:
+        lo, hi = n, n + step
+        while length(hi) <= budget:
+            lo, hi, step = hi, hi + step, step * 2
+    else:
+        lo, hi = max(first, n - step), n
+        while length(lo) > budget:
+            lo, hi, step = max(first, lo - step), lo, step * 2
+    while lo < hi - 1:
+        mid = (lo + hi) // 2
+        if length(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def fit_sample(prompter: Prompter, task: str, seed: int, index: int, budget: int) -> tuple[Sample, list[int]]:
-    """The sample with the largest haystack whose prompt takes <= ``budget`` tokens, and its
-    tokens. The prompt's length grows with the haystack size, nearly linearly: a secant estimate
-    from sizes 1 and 64, one secant step from the estimate, then a bracket around it (widened by
-    doubling steps until one end fits and the other does not) bisected, so a 131,072-token prompt
-    takes about 5 tokenizations of its full length instead of the ~15 of a bisection over [1,
-    2 x budget / tokens-per-size]. Raises GGUFRopeError when not even a haystack of 1 fits."""
+    """The sample with the largest haystack whose prompt takes <= ``budget`` tokens
+    (:func:`largest_fitting` over the haystack size), and its tokens. Raises GGUFRopeError when
+    not even a haystack of 1 fits."""
     long = budget > 4096
     built: dict[int, tuple[Sample, list[int]]] = {}
 
@@ -315,33 +346,10 @@ def fit_sample(prompter: Prompter, task: str, seed: int, index: int, budget: int
             built[n] = (s, prompter.tokens(s))
         return len(built[n][1])
 
-    base = length(1)
-    if base > budget:
-        raise GGUFRopeError(f"{task}: the prompt needs {base} tokens with the smallest haystack; "
+    if length(1) > budget:
+        raise GGUFRopeError(f"{task}: the prompt needs {length(1)} tokens with the smallest haystack; "
                             f"the context leaves {budget}")
-
-    def estimate(n: int) -> int:  # the size where the line through (1, base) and (n, length(n)) meets budget
-        return max(1, 1 + int((budget - base) * (n - 1) / max(1, length(n) - base)))
-
-    n = estimate(64)
-    if n > 1:
-        n = estimate(n)
-    step = max(2, n // 2000)
-    if length(n) <= budget:
-        lo, hi = n, n + step
-        while length(hi) <= budget:
-            lo, hi, step = hi, hi + step, step * 2
-    else:
-        lo, hi = max(1, n - step), n
-        while length(lo) > budget:
-            lo, hi, step = max(1, lo - step), lo, step * 2
-    while lo < hi - 1:
-        mid = (lo + hi) // 2
-        if length(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return built[lo]
+    return built[largest_fitting(length, budget, 1, 64)]
 
 
 def truncate(tokens: Sequence[int], keep_last: int, bos: int | None) -> list[int]:
@@ -435,5 +443,5 @@ def parse_tasks(spec: str) -> list[str]:
 
 
 __all__ = ["TASKS", "DEFAULT_TASKS", "N_GEN", "Sample", "make_sample", "score", "shuffled_control", "Prompter",
-           "fit_sample", "truncate", "run_task", "summarize", "parse_tasks"]
+           "largest_fitting", "fit_sample", "truncate", "run_task", "summarize", "parse_tasks"]
 
