@@ -48,7 +48,7 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
         assert c["ppl"] > 1 and c["ppl_beyond"] is None and c["passkey_trials"] == 1
     assert res["cells"][0]["ppl"] != res["cells"][1]["ppl"]  # k = 2 reached the library
     md = (out / "results.md").read_text()
-    assert "| Baseline |" in md and "| NTK-RoPE-mixed (b=0.625) |" in md and "ggufrope eval compare" in md
+    assert "| Baseline |" in md and "| NTK-RoPE-mixed (b=0.625) k=2 |" in md and "ggufrope eval compare" in md
     png = (out / "ppl.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) < 200_000
     cached = sorted((out / "cache").glob("*-256-*.json"))
@@ -78,7 +78,7 @@ def test_compare_tiny_grid_writes_reports_and_resumes(patched_lib, smollm2, text
     by = {c["method"]: c for c in res4["cells"]}
     assert by["yarn"]["ppl"] is None and by["yarn"]["passkey_accuracy"] is None
     assert [by["none"], by["ntk-mixed"]] == res["cells"]
-    assert "| YaRN | – / – |" in (out / "results.md").read_text()
+    assert "| YaRN k=2 | – / – |" in (out / "results.md").read_text()
 
     # --any-build: a unit of another build (a lent GPU's, here a forged library hash) is used, not
     # recomputed; only the units not cached are computed
@@ -123,7 +123,7 @@ def test_compare_attn_factor_scales_every_row_and_names_it(patched_lib, smollm2,
         assert s["label"].endswith("attn×1.2") and not p["label"].endswith("attn×1.2")
         assert s["ppl"] != p["ppl"] and s["ppl"] > 1  # the logits scaled by 1.44 on both rows
     md = (tmp_path / "scaled" / "results.md").read_text()
-    assert "| Baseline attn×1.2 |" in md and "| NTK-RoPE-mixed (b=0.625) attn×1.2 |" in md
+    assert "| Baseline attn×1.2 |" in md and "| NTK-RoPE-mixed (b=0.625) k=2 attn×1.2 |" in md
     assert "--attn-factor 1.2" in scaled["command"]
 
     r3 = runner.invoke(main, [a if a != "none,ntk-mixed" else "none,yarn" for a in base]
