@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..errors import GGUFRopeError
-from .decoder import DEFAULT_N_GEN, Decoder, answer_order, greedy_answer
+from .decoder import DEFAULT_N_GEN, Decoder, answer_order, greedy_answer, memo_prompt
 
 PASSKEY_TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -106,8 +106,6 @@ def passkey(dec: Decoder, n_ctx: int, *, trials: int = 10, seed: int = 0,
 
     if (keep_last or n_ctx) > dec.n_ctx:
         raise GGUFRopeError(f"passkey length {keep_last or n_ctx} exceeds the context {dec.n_ctx}")
-    from .decoder import memo_prompt
-
     built = []
     for key, depth in passkey_trials(trials, seed, depths):
         toks, n_fill = memo_prompt(dec.llm, ("passkey", key, depth, n_ctx - n_gen),

@@ -378,7 +378,7 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
     seconds), ``seconds``. Raises GGUFRopeError when the task or length is impossible."""
     from tqdm import tqdm
 
-    from .decoder import answer_order, greedy_answer
+    from .decoder import answer_order, greedy_answer, memo_prompt
 
     if task not in N_GEN:
         raise GGUFRopeError(f"unknown RULER-lite task {task!r} (tasks: {', '.join(TASKS)})")
@@ -388,8 +388,6 @@ def run_task(dec: Any, task: str, n_ctx: int, *, samples: int = 10, seed: int = 
     limit = keep_last if keep_last is not None else n_ctx
     if limit > dec.n_ctx:
         raise GGUFRopeError(f"{task}: {limit} tokens do not fit the context {dec.n_ctx}")
-    from .decoder import memo_prompt
-
     prompter = Prompter(dec.llm, chat)
     built = []
     for i in range(samples):
