@@ -57,7 +57,7 @@ def markdown_table(res: dict[str, Any]) -> str:
                 p = "–"
             a = "–" if cell["passkey_accuracy"] is None else f"{100 * cell['passkey_accuracy']:.0f}%"
             cells.append(f"{p} / {a}")
-        lines.append(f"| {_row_name(m, ln, g['exponent'] if m == 'ntk-mixed' else None, dyn, g.get('attn_factor', 1.0), g.get('factor'))} | "
+        lines.append(f"| {_name(res, m, ln, dyn)} | "
                      + " | ".join(cells) + " |")
     notes = [
         "",
