@@ -255,8 +255,9 @@ default_jobs() {
                    # tune's full choice on the CPU); '@gemma3' needs gemma3 in MODEL ("smollm2 gemma3", or
                    # gemma3 alone when the benchmark is not run); a Gemma 3 4xL sample is a 131072-token
                    # prefill (7-9 s on the H200, 190 s a cell). 2xL passkey on the CPU: YaRN, the seed
-                   # default, truncation and both tune choices
-        "@gemma3 -c 65536 --methods none,linear,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
+                   # default, truncation, both tune choices and linear
+        "@gemma3 -c 65536 --methods none,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
+        "@gemma3 -c 65536 --methods linear --logn on $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods ntk-mixed --logn off $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
