@@ -251,11 +251,11 @@ default_jobs() {
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
                    # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done; 2026-11-28:
-                   # Gemma 3 4xL niah_single for YaRN, the seed default and truncation; the 2xL passkey of
-                   # tune's full choice on the CPU); '@gemma3' needs gemma3 in MODEL ("smollm2 gemma3", or
-                   # gemma3 alone when the benchmark is not run); a Gemma 3 4xL sample is a 131072-token
-                   # prefill (7-9 s on the H200, 190 s a cell). 2xL passkey on the CPU: YaRN, the seed
-                   # default, truncation, both tune choices and linear
+                   # Gemma 3 4xL niah_single for YaRN, the seed default and truncation); '@gemma3' needs
+                   # gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a
+                   # Gemma 3 4xL sample is a 131072-token prefill (7-9 s on the H200, 190 s a cell).
+                   # Gemma 3 2xL passkey run on the CPU: YaRN, the seed default, truncation, both tune
+                   # choices and linear
         "@gemma3 -c 65536 --methods none,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods linear --logn on $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"
