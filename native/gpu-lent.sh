@@ -255,9 +255,8 @@ default_jobs() {
                    # gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a
                    # Gemma 3 4xL sample is a 131072-token prefill (7-9 s on the H200, 190 s a cell).
                    # Gemma 3 2xL passkey run on the CPU: YaRN, the seed default, truncation, both tune
-                   # choices, linear and ntk-mixed b = 0.625 without log n
+                   # choices, linear ± log n and ntk-mixed b = 0.625 without log n
         "@gemma3 -c 65536 --methods none,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
-        "@gemma3 -c 65536 --methods linear --logn on $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"
         "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
         "@gemma3 -c 131072 --methods none,linear,ntk --logn both $R --tasks niah_single --trials 0 --no-truncation"
