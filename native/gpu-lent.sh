@@ -286,13 +286,12 @@ grid() {
     local jobs
     mapfile -t jobs < <(default_jobs)
     # GRID_JOBS: one job a line, instead of default_jobs; a line '@NAME ARGS' runs on the model NAME
-    # (python -m ggufrope.models --model NAME) instead of stage 2's first model
+    # (python -m ggufrope.models --model NAME) instead of stage 2's first model; GRID_PARALLEL: how many
+    # jobs run at once (default 1, run_jobs)
     [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"
-    local j left i=0
+    local j i=0 cmds=()
     for j in "${jobs[@]}"; do
         i=$((i + 1))
-        left=$((deadline - (SECONDS - t0)))
-        [ $left -gt 15 ] || { echo "grid: no time left for job $i and after"; break; }
         local mj=$M e
         if [[ $j == @* ]]; then
             mj=${j%% *}
@@ -300,14 +299,34 @@ grid() {
             j=${j#* }
         fi
         e=$(E "$mj") || continue
-        echo "== grid job $i (t=$((SECONDS - t0)) s, $left s left, $(basename "$mj")): $j"
-        timeout $left python3 -m ggufrope $e $j --out "$S/grid-out-$i" > "$S/grid-$i.log" 2>&1
-        echo "exit $? after t=$((SECONDS - t0)) s"; tail -n 3 "$S/grid-$i.log"
+        cmds+=("python3 -m ggufrope $e $j --out $S/grid-out-$i > $S/grid-$i.log 2>&1; r=\$?; tail -n 3 $S/grid-$i.log; exit \$r")
     done
+    run_jobs "${GRID_PARALLEL:-1}" "$t0" "$deadline" "${cmds[@]}"
     # the units computed, and the partial files of those a deadline stopped (their samples so far)
     (cd "$c" && find . -type f -newer "$S/grid.start" \( -name '*.json' -o -name '*.json.partial' \) \
         ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
     echo "grid: $(tar -tzf "$out/units.tar.gz" | grep -c '\.json$') units computed, $(tar -tzf "$out/units.tar.gz" | grep -c '\.partial$') partial"
+}
+
+run_jobs() {
+    # run_jobs PAR T0 DEADLINE CMD...: each CMD (a bash command line) in order, at most PAR at once, each
+    # under a timeout of what is left until DEADLINE seconds after T0 ($SECONDS) when it starts; none
+    # starts with 15 s or less left. Grid jobs in parallel share the GPU: a Gemma 3 sample spends most of
+    # its time on the CPU (one thread builds each ubatch's mask), so PAR processes answer more samples a
+    # second, and each unit's timings count the sharing.
+    local par=$1 t0=$2 deadline=$3 i=0 n=0 left c
+    shift 3
+    [[ $par =~ ^[1-9][0-9]*$ ]] || die "GRID_PARALLEL must be a positive integer, not '$par'"
+    for c in "$@"; do
+        i=$((i + 1))
+        if [ $n -ge "$par" ]; then wait -n; n=$((n - 1)); fi
+        left=$((deadline - (SECONDS - t0)))
+        [ $left -gt 15 ] || { echo "grid: no time left for job $i and after"; break; }
+        echo "== grid job $i (t=$((SECONDS - t0)) s, $left s left): $c"
+        ( timeout $left bash -c "$c"; echo "grid job $i: exit $? at t=$((SECONDS - t0)) s" ) &
+        n=$((n + 1))
+    done
+    wait
 }
 
 import_units() {
@@ -337,6 +356,7 @@ import_units() {
 case ${1:-} in
     build|pack|cpuref|stage1|stage2) "$1" ;;
     jobs) default_jobs ;;   # stage 2's default grid jobs, one a line
+    run-jobs) shift; run_jobs "$@" ;;   # stage 2's scheduler, alone (tests/test_gpu_lent.py)
     split-models) shift; split_models "$@" ;;   # the parts of pack and stage 2, alone (tests/test_gpu_lent.py)
     join-models) shift; join_models "$@" ;;
     import) import_units "$@" ;;

@@ -162,3 +162,24 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     assert (cache / "ruler-linear-131072-cut.json.partial").read_text() == "samples so far"
     assert not (cache / "ruler-ntk-131072-done.json.partial").exists()
     assert not (cache / "ruler-none-65536-new.json.partial").exists()  # its unit arrived
+
+
+def test_run_jobs_runs_at_most_par_at_once_and_none_past_the_deadline(tmp_path):
+    """Stage 2's scheduler (``gpu-lent.sh run-jobs PAR T0 DEADLINE CMD...``, GRID_PARALLEL): every job
+    runs, in order, never more than PAR at once, each one's exit status reported; with 15 s or less
+    left none starts; a PAR that is not a positive integer is refused."""
+    log = tmp_path / "log"
+    # each job notes how many jobs were running when it started (a file per running job)
+    job = 'touch {d}/run.{i}; ls {d} | grep -c "^run\\." >> {log}; sleep 1; rm {d}/run.{i}; echo done {i}'
+    cmds = [job.format(d=tmp_path, i=i, log=log) for i in range(5)] + ["exit 3"]
+    r = lent("run-jobs", "2", "0", "600", *cmds)
+    assert r.returncode == 0, r.stderr
+    running = [int(x) for x in log.read_text().split()]
+    assert len(running) == 5 and max(running) == 2, running
+    assert sorted(re.findall(r"^done (\d)$", r.stdout, re.M)) == list("01234")
+    assert r.stdout.count("exit 0 at") == 5 and "grid job 6: exit 3 at" in r.stdout
+    # the deadline 16 s after a start 2 s ago leaves 14 s: nothing starts
+    r = lent("run-jobs", "1", "-2", "16", f"touch {tmp_path}/started")
+    assert "no time left for job 1" in r.stdout and not (tmp_path / "started").exists()
+    r = lent("run-jobs", "0", "0", "600", "true")
+    assert r.returncode == 2 and "GRID_PARALLEL must be a positive integer" in r.stderr
