@@ -251,18 +251,17 @@ default_jobs() {
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
     local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
                    # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done; 2026-11-28:
-                   # Gemma 3 4xL niah_single for YaRN, the seed default and truncation); '@gemma3' needs
-                   # gemma3 in MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a
-                   # Gemma 3 4xL sample is a 131072-token prefill (7-9 s on the H200, 190 s a cell).
-                   # Gemma 3 2xL passkey run on the CPU: YaRN, the seed default, truncation, both tune
-                   # choices, linear ± log n and ntk-mixed b = 0.625 without log n
-        "@gemma3 -c 65536 --methods none,ntk,ntk-fixed --logn both $R --trials 10 --no-truncation"
-        "@gemma3 -c 65536 --methods yarn --logn on $R --trials 10 --no-truncation"
-        "@gemma3 -c 65536 --methods all --logn both $R --tasks vt --trials 0"
-        "@gemma3 -c 131072 --methods none,linear,ntk --logn both $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods yarn --logn on $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk-mixed --logn off $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods none,linear,yarn,ntk,ntk-mixed --logn both $R --tasks vt --trials 10"
+                   # the last seven cells of Gemma 3's 2xL passkey column, its 2xL vt column, and at
+                   # 4xL niah_single for none ± log n, YaRN ± log n, ntk-mixed ± log n and truncation,
+                   # passkey and vt for YaRN, the seed default and truncation); '@gemma3' needs gemma3 in
+                   # MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a Gemma 3
+                   # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
+                   # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
+                   # file of the H200's build 5dbed41cf0e46937
+        "@gemma3 -c 131072 --methods linear,ntk --logn both $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods none,linear,ntk --logn both $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods yarn --logn on $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk-mixed --logn off $R --tasks vt --trials 10 --no-truncation"
     )
     printf '%s\n' "${jobs[@]}"
 }
@@ -274,7 +273,11 @@ grid() {
     # --update=none where cp has it (coreutils >= 9.3; there -n warns, and 9.2's -n fails on a skip)
     local keep=-n
     cp --update=none --version >/dev/null 2>&1 && keep=--update=none
-    mkdir -p "$c" && cp -a "$keep" docs/results/cache/. "$c/" && touch "$S/grid.start" && sleep 1
+    # grid.start is touched by the first call on this machine only: each call's units.tar.gz holds every
+    # unit computed here so far, so a call whose files did not come back loses nothing (import skips a
+    # unit it already has, byte for byte)
+    mkdir -p "$c" && cp -a "$keep" docs/results/cache/. "$c/" || return
+    [ -f "$S/grid.start" ] || { touch "$S/grid.start" && sleep 1; }
     # E MODEL: the eval command for MODEL, scored from L/2 as docs/results.md's commands (4096 for
     # SmolLM2, 16384 for Gemma 3) unless SCORE_FROM says otherwise
     E() {
@@ -305,7 +308,7 @@ grid() {
     # the units computed, and the partial files of those a deadline stopped (their samples so far)
     (cd "$c" && find . -type f -newer "$S/grid.start" \( -name '*.json' -o -name '*.json.partial' \) \
         ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
-    echo "grid: $(tar -tzf "$out/units.tar.gz" | grep -c '\.json$') units computed, $(tar -tzf "$out/units.tar.gz" | grep -c '\.partial$') partial"
+    echo "grid: $(tar -tzf "$out/units.tar.gz" | grep -c '\.json$') units computed on this machine (all calls), $(tar -tzf "$out/units.tar.gz" | grep -c '\.partial$') partial"
 }
 
 run_jobs() {
@@ -332,12 +335,13 @@ run_jobs() {
 import_units() {
     # here: the units of stage 2's units.tar.gz join docs/results/cache; those that recompute a
     # committed unit (same key, another build) go to docs/results/gpu/units instead
-    local tgz=${2:-} tmp n=0 kept=0 f
+    local tgz=${2:-} tmp n=0 kept=0 same=0 f
     [ -f "$tgz" ] || die "usage: native/gpu-lent.sh import UNITS.tar.gz"
     tmp=$(mktemp -d) && tar -xzf "$tgz" -C "$tmp" && mkdir -p docs/results/gpu/units
     for f in "$tmp"/*.json; do
         [ -f "$f" ] || continue
-        if [ -f "docs/results/cache/$(basename "$f")" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
+        if cmp -s "$f" "docs/results/cache/$(basename "$f")"; then same=$((same + 1))   # an earlier call's archive brought it
+        elif [ -f "docs/results/cache/$(basename "$f")" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
         else cp "$f" docs/results/cache/ && rm -f "docs/results/cache/$(basename "$f").partial"; n=$((n + 1)); fi
     done
     # a partial file (the samples of a unit the deadline stopped) joins the cache when the unit is not
@@ -350,7 +354,7 @@ import_units() {
         cp "$f" docs/results/cache/; np=$((np + 1))
     done
     rm -rf "$tmp"
-    say "$n new units in docs/results/cache, $kept recomputations of committed units in docs/results/gpu/units, $np partial units"
+    say "$n new units in docs/results/cache, $kept recomputations of committed units in docs/results/gpu/units, $np partial units, $same already here"
 }
 
 case ${1:-} in

@@ -130,7 +130,8 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     """import: a new unit joins docs/results/cache, a recomputed committed one goes to
     docs/results/gpu/units; a partial file (a unit the deadline stopped) joins the cache unless
     its unit is there, so the next run of that build resumes it; a unit that arrives removes its
-    partial file (an earlier call's import brought it)."""
+    partial file (an earlier call's import brought it); a unit already there byte for byte (an earlier
+    call's archive brought it: each call's archive holds all the machine's units) is left alone."""
     import tarfile
 
     repo = tmp_path / "repo"
@@ -142,11 +143,13 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     (cache / "ruler-yarn-65536-old.json").write_text("committed")
     (cache / "ruler-ntk-131072-done.json").write_text("committed")
     (cache / "ruler-none-65536-new.json.partial").write_text("an earlier call's samples")
+    (cache / "ruler-yarn-131072-earlier-call.json").write_text("computed in the first call")
     src = tmp_path / "units"
     src.mkdir()
     files = {"ruler-none-65536-new.json": "new", "ruler-yarn-65536-old.json": "recomputed",
              "ruler-linear-131072-cut.json.partial": "samples so far",
-             "ruler-ntk-131072-done.json.partial": "stale samples"}
+             "ruler-ntk-131072-done.json.partial": "stale samples",
+             "ruler-yarn-131072-earlier-call.json": "computed in the first call"}
     for name, text in files.items():
         (src / name).write_text(text)
     tgz = tmp_path / "units.tar.gz"
@@ -155,7 +158,8 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
             t.add(src / name, arcname=f"./{name}")
     r = subprocess.run(["bash", str(script), "import", str(tgz)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "1 new units in docs/results/cache, 1 recomputations" in r.stderr and "1 partial units" in r.stderr
+    assert "1 new units in docs/results/cache, 1 recomputations" in r.stderr and "1 partial units, 1 already here" in r.stderr
+    assert not (repo / "docs" / "results" / "gpu" / "units" / "ruler-yarn-131072-earlier-call.json").exists()
     assert (cache / "ruler-none-65536-new.json").read_text() == "new"
     assert (cache / "ruler-yarn-65536-old.json").read_text() == "committed"
     assert (repo / "docs" / "results" / "gpu" / "units" / "ruler-yarn-65536-old.json").read_text() == "recomputed"
