@@ -21,7 +21,9 @@
 #                                model, step 4 of gpu-check, bench/runtime_cost.py and
 #                                bench/dynamic_cost.py with every layer on the GPU, then grid units
 #                                (docs/results.md "The grid still to run") until DEADLINE seconds
-#                                after the start; everything comes back under $OUT
+#                                after the start, GRID_PARALLEL of them at once (default 1); at most
+#                                8 files come back from $OUT: stage 2 writes 3 there (6 with the
+#                                benchmarks), plus the log a caller tees there
 #   native/gpu-lent.sh cpuref    here: the CPU runs step 4 compares the GPU's greedy output with
 #   native/gpu-lent.sh import UNITS.tar.gz   here: stage 2's units into docs/results/cache (then
 #                                `make results-v2-report`); recomputed committed units stay apart
@@ -314,9 +316,9 @@ grid() {
 run_jobs() {
     # run_jobs PAR T0 DEADLINE CMD...: each CMD (a bash command line) in order, at most PAR at once, each
     # under a timeout of what is left until DEADLINE seconds after T0 ($SECONDS) when it starts; none
-    # starts with 15 s or less left. Grid jobs in parallel share the GPU: a Gemma 3 sample spends most of
-    # its time on the CPU (one thread builds each ubatch's mask), so PAR processes answer more samples a
-    # second, and each unit's timings count the sharing.
+    # starts with 15 s or less left. Grid jobs in parallel share the GPU, which one process leaves idle
+    # much of the time: on the H200 four Gemma 3 jobs answered about twice the samples a second of one
+    # (docs/gpu.md, sixth session); each unit's timings then count the sharing.
     local par=$1 t0=$2 deadline=$3 i=0 n=0 left c
     shift 3
     [[ $par =~ ^[1-9][0-9]*$ ]] || die "GRID_PARALLEL must be a positive integer, not '$par'"

@@ -110,8 +110,8 @@ def test_publish_rewrites_a_report_and_its_block(smollm2, tmp_path):
 
 
 def test_publish_keeps_a_retrieval_only_report_without_documents(gemma3, tmp_path):
-    """A report run with --no-ppl (Gemma 3's within-L reference: passkey and niah_single, no
-    document) is rerun with no document: its two units are all it has, nothing "not run", and
+    """A report run with --no-ppl (Gemma 3's within-L reference: passkey, niah_single and vt, no
+    document) is rerun with no document: its three units are all it has, nothing "not run", and
     its grid still lists no text (not the whole corpus, which an empty --text list means)."""
     name = "gemma3-half"
     docs = _copy_report(name, tmp_path)
@@ -123,9 +123,9 @@ def test_publish_keeps_a_retrieval_only_report_without_documents(gemma3, tmp_pat
 
     said = publish.publish(docs, tmp_path / "cache", progress=False)
 
-    assert said == [f"{name}: 2 units cached, 0 not run; quoted in results.md: grid-{name}-retrieval"]
+    assert said == [f"{name}: 3 units cached, 0 not run; quoted in results.md: grid-{name}-retrieval"]
     assert rj.read_bytes() == committed
-    assert "| Baseline | 50 | 60 |" in (docs / "results.md").read_text(encoding="utf-8")
+    assert "| Baseline | 50 | 60 | 0 |" in (docs / "results.md").read_text(encoding="utf-8")
 
 
 def test_same_report_ignores_only_the_run_fields():
