@@ -260,10 +260,19 @@ default_jobs() {
                    # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
                    # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
                    # file of the H200's build 5dbed41cf0e46937
-        "@gemma3 -c 131072 --methods linear,ntk --logn both $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods none,linear,ntk --logn both $R --tasks vt --trials 10 --no-truncation"
+        # one row a job, so that GRID_PARALLEL jobs share the work evenly
+        "@gemma3 -c 131072 --methods linear --logn off $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods linear --logn on $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk --logn off $R --tasks niah_single --trials 0 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk --logn on $R --tasks niah_single --trials 0 --no-truncation"
         "@gemma3 -c 131072 --methods yarn --logn on $R --tasks vt --trials 10 --no-truncation"
         "@gemma3 -c 131072 --methods ntk-mixed --logn off $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods linear --logn off $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods linear --logn on $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods none --logn off $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods none --logn on $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk --logn off $R --tasks vt --trials 10 --no-truncation"
+        "@gemma3 -c 131072 --methods ntk --logn on $R --tasks vt --trials 10 --no-truncation"
     )
     printf '%s\n' "${jobs[@]}"
 }
