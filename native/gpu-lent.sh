@@ -251,29 +251,23 @@ default_jobs() {
     # the grid jobs stage 2 runs, one a line (tests/test_gpu_lent.py checks that each names only
     # cells with no unit in docs/results/cache: a unit of another build is recomputed there)
     local R="--no-ppl --samples 10 --depths 0,0.25,0.5,0.75,1"
-    local jobs=(   # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
-                   # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done; 2026-11-28:
-                   # the last seven cells of Gemma 3's 2xL passkey column, its 2xL vt column, and at
-                   # 4xL niah_single for none ± log n, YaRN ± log n, ntk-mixed ± log n and truncation,
-                   # passkey and vt for YaRN, the seed default and truncation); '@gemma3' needs gemma3 in
-                   # MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a Gemma 3
-                   # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
-                   # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
-                   # file of the H200's build 5dbed41cf0e46937
-        # one row a job, so that GRID_PARALLEL jobs share the work evenly
-        "@gemma3 -c 131072 --methods linear --logn off $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods linear --logn on $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk --logn off $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk --logn on $R --tasks niah_single --trials 0 --no-truncation"
-        "@gemma3 -c 131072 --methods yarn --logn on $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk-mixed --logn off $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods linear --logn off $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods linear --logn on $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods none --logn off $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods none --logn on $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk --logn off $R --tasks vt --trials 10 --no-truncation"
-        "@gemma3 -c 131072 --methods ntk --logn on $R --tasks vt --trials 10 --no-truncation"
-    )
+    # what docs/results.md still lacks, in its order (2026-11-27: SmolLM2's whole grid, the
+    # Gemma 3 2xL niah_single column and all ten Gemma 3 4xL windows are done; 2026-11-28:
+    # the last seven cells of Gemma 3's 2xL passkey column, its 2xL vt column, and at
+    # 4xL niah_single for none ± log n, YaRN ± log n, ntk-mixed ± log n and truncation,
+    # passkey and vt for YaRN, the seed default and truncation); '@gemma3' needs gemma3 in
+    # MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a Gemma 3
+    # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
+    # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
+    # file of the H200's build 5dbed41cf0e46937
+    # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly.
+    local jobs=() row
+    for row in "linear off" "linear on" "ntk off" "ntk on"; do
+        jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
+    done
+    for row in "yarn on" "ntk-mixed off" "linear off" "linear on" "none off" "none on" "ntk off" "ntk on"; do
+        jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks vt --trials 10 --no-truncation")
+    done
     printf '%s\n' "${jobs[@]}"
 }
 
@@ -346,14 +340,15 @@ run_jobs() {
 import_units() {
     # here: the units of stage 2's units.tar.gz join docs/results/cache; those that recompute a
     # committed unit (same key, another build) go to docs/results/gpu/units instead
-    local tgz=${2:-} tmp n=0 kept=0 same=0 f
+    local tgz=${2:-} tmp n=0 kept=0 same=0 f d
     [ -f "$tgz" ] || die "usage: native/gpu-lent.sh import UNITS.tar.gz"
     tmp=$(mktemp -d) && tar -xzf "$tgz" -C "$tmp" && mkdir -p docs/results/gpu/units
     for f in "$tmp"/*.json; do
         [ -f "$f" ] || continue
-        if cmp -s "$f" "docs/results/cache/$(basename "$f")"; then same=$((same + 1))   # an earlier call's archive brought it
-        elif [ -f "docs/results/cache/$(basename "$f")" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
-        else cp "$f" docs/results/cache/ && rm -f "docs/results/cache/$(basename "$f").partial"; n=$((n + 1)); fi
+        d=docs/results/cache/$(basename "$f")
+        if cmp -s "$f" "$d"; then same=$((same + 1))   # an earlier call's archive brought it
+        elif [ -f "$d" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
+        else cp "$f" "$d" && rm -f "$d.partial"; n=$((n + 1)); fi
     done
     # a partial file (the samples of a unit the deadline stopped) joins the cache when the unit is not
     # there: the next run of that build resumes it (evaluation/cache.py); a unit that arrives removes
