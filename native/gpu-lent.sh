@@ -260,8 +260,10 @@ default_jobs() {
     # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
     # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
     # file of the H200's build 5dbed41cf0e46937
-    # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly.
-    local jobs=() row
+    # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly. First, as the
+    # longest: tune at Gemma 3's 4xL, the full search (at most 19 calibration windows, then the held-out check;
+    # calibration text milton_epics, held out the manual), reusing the windows a CPU computed for it.
+    local jobs=("@gemma3 tune -c 131072 --text milton_epics") row
     for row in "linear off" "linear on" "ntk off" "ntk on"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
     done
@@ -294,8 +296,9 @@ grid() {
     local jobs
     mapfile -t jobs < <(default_jobs)
     # GRID_JOBS: one job a line, instead of default_jobs; a line '@NAME ARGS' runs on the model NAME
-    # (python -m ggufrope.models --model NAME) instead of stage 2's first model; GRID_PARALLEL: how many
-    # jobs run at once (default 1, run_jobs)
+    # (python -m ggufrope.models --model NAME) instead of stage 2's first model; ARGS 'tune ...' run
+    # ggufrope tune instead of eval compare, with --any-build (the units of the same search computed
+    # elsewhere count); GRID_PARALLEL: how many jobs run at once (default 1, run_jobs)
     [ -n "${GRID_JOBS:-}" ] && mapfile -t jobs <<< "$GRID_JOBS"
     local j i=0 cmds=()
     for j in "${jobs[@]}"; do
@@ -306,7 +309,11 @@ grid() {
             mj=$(python3 -m ggufrope.models --model "${mj#@}") || { echo "grid: job $i: no model ${j%% *}"; continue; }
             j=${j#* }
         fi
-        e=$(E "$mj") || continue
+        if [[ $j == "tune "* ]]; then
+            e="tune $mj --cache $c -ngl -1 -q --any-build" j=${j#tune }
+        else
+            e=$(E "$mj") || continue
+        fi
         cmds+=("python3 -m ggufrope $e $j --out $S/grid-out-$i > $S/grid-$i.log 2>&1; r=\$?; tail -n 3 $S/grid-$i.log; exit \$r")
     done
     run_jobs "${GRID_PARALLEL:-1}" "$t0" "$deadline" "${cmds[@]}"

