@@ -100,6 +100,8 @@ pack() {
     for l in $(ldd "$(command -v zstd)" | awk '/=>/ {print $3}'); do case $l in */libc.so*) ;; *) cp -L "$l" "$t/bin/" ;; esac; done
     for p in llama_cpp gguf diskcache wonderwords; do cp -a $sp/$p "$t/site/"; done   # what the image lacks
     rm -rf "$t/site/llama_cpp/lib" && find "$t/site" -name __pycache__ -prune -exec rm -rf {} +
+    # every catalogue text extracted first: the lent machine cannot fetch one it lacks (milton_epics)
+    .venv/bin/python -c 'from ggufrope import corpus; corpus.fetch()' || die "corpus fetch"
     cp -a "${GGUFROPE_CACHE:-$HOME/.cache/ggufrope}/corpus" "$t/cache/"
     cp -a "$BUILD/gpu/cpu-ref" "$t/cpu-ref" 2>/dev/null || say "no CPU reference runs (native/gpu-lent.sh cpuref)"
     tar -C "$t" -cJf "$CARRY/a/payload.tar.xz" .
