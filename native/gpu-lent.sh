@@ -263,8 +263,8 @@ default_jobs() {
     # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
     # file of the H200's build 5dbed41cf0e46937
     # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly. First, as the
-    # longest: tune at Gemma 3's 4xL, the full search (at most 19 calibration windows, then the held-out check;
-    # calibration text milton_epics, held out the manual), reusing the windows a CPU computed for it.
+    # longest: tune at Gemma 3's 4xL, the full search (at most 19 calibration windows on
+    # milton_epics, then the held-out check on the manual), reusing the windows a CPU computed for it.
     local jobs=("@gemma3 tune -c 131072 --text milton_epics") row
     for row in "linear off" "linear on" "ntk off" "ntk on"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
