@@ -46,6 +46,15 @@ def test_retrieval_table_with_truncation_row_and_control():
     assert lines[3] == "| NTK-RoPE-mixed (b=0.625) | 50 | 60 |"
     assert lines[4] == "| Truncation baseline (last L = 8192 tokens, none) | 60 | 55 |"
     assert "at most 10 % in any cell" in md
+    assert "Truncation baseline: the same prompts cut to their last L = 8192 tokens" in md
+
+
+def test_retrieval_table_explains_the_truncation_baseline_only_when_it_has_its_row():
+    res = _res()
+    res["cells"] = [c for c in res["cells"] if c["method"] != "truncate"]  # within L, or --no-truncation
+    md = ER.retrieval_table(res)
+    assert "Truncation baseline" not in md
+    assert md.splitlines()[-1].startswith("Shuffled control")
 
 
 def test_report_markdown_adds_the_tables_only_when_the_grid_has_them():

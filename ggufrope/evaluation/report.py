@@ -335,7 +335,8 @@ def retrieval_table(res: dict[str, Any]) -> str:
     if controls:
         notes.append(f"Shuffled control (each answer graded against another sample's gold): at most "
                      f"{max(controls):.0f} % in any cell.")
-    notes.append(f"Truncation baseline: the same prompts cut to their last L = {L} tokens, no method, n_ctx = L.")
+    if ("truncate", False, False) in _rows(res):  # no row within L, nor with --no-truncation and none cached
+        notes.append(f"Truncation baseline: the same prompts cut to their last L = {L} tokens, no method, n_ctx = L.")
     return "\n".join(lines + notes) + "\n"
 
 
