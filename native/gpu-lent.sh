@@ -263,7 +263,7 @@ default_jobs() {
     # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
     # file of the H200's build 5dbed41cf0e46937; ntk's (no log n) ran on a CPU, 2026-11-29 (c)
     # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly. First, as the
-    # longest: tune at Gemma 3's 4xL, the full search (at most 19 calibration windows on
+    # longest: tune at Gemma 3's 4xL, the full search (at most 20 calibration windows on
     # milton_epics, then the held-out check on the manual), reusing the windows a CPU computed for it.
     local jobs=("@gemma3 tune -c 131072 --text milton_epics") row
     for row in "linear off" "linear on" "ntk on"; do

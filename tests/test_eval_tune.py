@@ -52,7 +52,7 @@ def test_finds_an_interior_b_and_temperature_and_never_repeats_a_setting():
     assert stages[:2] == ["reference", "reference"] and {"b", "b refine", "log-n", "attention", "NTK-aware", "k",
                                                         "dynamic"} <= set(stages)
     assert T.seed_default() in calls  # the seed default is always measured, for the comparison
-    assert len(calls) <= 19  # affordable: 2 references + at most 17 candidates
+    assert len(calls) <= 20  # affordable: 2 references + at most 18 candidates
 
 
 def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
@@ -62,7 +62,7 @@ def test_b_refine_steps_below_the_grid_when_its_lowest_b_is_best():
     refine = sorted(t.setting.exponent for t in s.trials if t.stage == "b refine")
     assert refine == [0.375, 0.5625]  # one step below 0.5 (0.5 - 0.125), and the midpoint to 0.625
     assert best.setting.exponent == 0.375
-    assert len(calls) <= 19
+    assert len(calls) <= 20
     f, _ = objective(b_best=0.875)  # interior: midpoints only
     s = T.Search(f, 2.0)
     s.run()
@@ -80,7 +80,7 @@ def test_attention_steps_beyond_its_grid_when_the_largest_factor_is_best():
     best = s.run()
     assert attn_tried(s) == [1.035, 1.07, 1.105, 1.14]  # 1.14 is tried (1.105 was the best), then it stops
     assert best.setting.attn_factor == pytest.approx(1.105)
-    assert len(calls) == len(set(calls)) and len(calls) <= 19
+    assert len(calls) == len(set(calls)) and len(calls) <= 20
     f, _ = objective(attn_best=1.5)  # far beyond: two steps, no more
     s = T.Search(f, 2.0)
     assert s.run().setting.attn_factor == pytest.approx(1.14) and attn_tried(s)[-1] == 1.14
@@ -101,7 +101,7 @@ def test_attention_steps_below_1_when_a_sharper_softmax_hurts():
     best = s.run()
     assert attn_tried(s) == [0.93, 0.965, 1.035, 1.07]  # 1.07: instead of log-n, which the best has
     assert best.setting.attn_factor == pytest.approx(0.965)
-    assert len(calls) == len(set(calls)) and len(calls) <= 19
+    assert len(calls) == len(set(calls)) and len(calls) <= 20
     f, _ = objective(attn_best=0.8)  # far below: two steps, no more
     s = T.Search(f, 2.0)
     assert s.run().setting.attn_factor == pytest.approx(0.93) and attn_tried(s)[0] == 0.93
@@ -118,6 +118,26 @@ def test_k_stage_moves_k_when_it_helps():
     f, _ = objective(k_best=3.0)
     best = T.Search(f, 2.0).run()
     assert best.setting.factor == 3.0  # k x 1.5 (k x 1.25 = 2.5 helped, so 1.5 was tried)
+
+
+def test_ntk_aware_is_tried_at_twice_n_ctx_over_L_after_the_k_stage():
+    """NTK-aware's table keeps the pairs that do not turn within L inside their trained angles only
+    with k above n_ctx / L (YaRN paper section 3.1), so the search tries it at k = 2 * 2 = 4 too,
+    after the k stage has refined the best ntk-mixed; when it wins, dynamic k is tried on it."""
+    f, _ = objective()
+
+    def g(s):  # NTK-aware best at k = 5: the bowl 1 + (k - 5)^2, so 2 at k = 4; 10 at k = 2
+        return 1.0 + (s.factor - 5.0) ** 2 if s.method == "ntk" and s.factor is not None else f(s)
+
+    s = T.Search(g, 2.0)
+    best = s.run()
+    stages = [t.stage for t in s.trials]
+    assert stages.index("NTK-aware") > max(i for i, st in enumerate(stages) if st == "k")
+    assert [t.setting.method for t in s.trials if t.stage == "k"] == ["ntk-mixed"]  # k = 2.5 hurt: one step
+    assert [t.setting.factor for t in s.trials if t.stage == "NTK-aware"] == [None, 4.0]  # None: k = n_ctx / L
+    assert best.setting.method == "ntk" and best.setting.factor == 4.0 and best.score == 2.0
+    (dyn,) = [t.setting for t in s.trials if t.stage == "dynamic"]
+    assert dyn.method == "ntk" and dyn.dynamic
 
 
 def test_log_n_off_and_dynamic_win_when_the_objective_says_so():

@@ -29,8 +29,15 @@ with k = n_ctx / L unless the k stage changes it):
    they help, as ``b refine`` steps beyond the b grid; when s = 1.035 does not help the best,
    below 1 instead (0.965, then 0.93 while it helps: a flatter softmax, which log-n's sharpening
    cannot give);
-5. ``NTK-aware``: method ntk (seed 001's base change) with the best's log-n and s;
-6. ``k``: the best with k x 1.25, and x 1.5 if that helped;
+5. ``k``: the best with k x 1.25, and x 1.5 if that helped;
+6. ``NTK-aware``: method ntk (seed 001's base change) with the best's log-n and s, at k = n_ctx / L
+   and at NTK_AWARE_K_STEP = 2 times that: at k = n_ctx / L its table leaves the pairs that do
+   not turn within L beyond the angles seen in training (up to k^(1 - 2i/(d-2)) times, 1.29 at
+   Gemma 3's pair 80 at 2x), so its k "has to be set higher than the expected scale" (YaRN paper,
+   Peng et al. 2023, section 3.1). On Gemma 3 at 2x, k = 4 found 7 of 10 niah_single needles
+   where k = 2 found none, at about YaRN's perplexity (docs/results.md, "Gemma 3 within L with
+   k = 4"). After the k stage, so that it refines the NTK-mixed family's best (when NTK-aware
+   came first and won, the k stage moved its k instead: Gemma 3 at 2x, 2026-11-29 (d));
 7. ``dynamic``: the best with dynamic k (seed 002's consistent dynamic mode).
 
 ``quick`` runs stages 1, 3 and the first candidate of 4 only. References, not candidates:
@@ -56,6 +63,7 @@ B_COARSE = (0.5, 0.625, 0.75, 1.0)
 ATTN_FACTORS = (1.035, 1.07)
 ATTN_STEP, ATTN_EDGE_STEPS = 0.035, 2
 K_STEPS = (1.25, 1.5)
+NTK_AWARE_K_STEP = 2.0
 SEED_DEFAULT_B = 0.625
 
 
@@ -71,11 +79,11 @@ def candidate(method: str, *, b: float | None = None, logn: bool = False, attn: 
 def max_settings(quick: bool = False) -> int:
     """The most settings :meth:`Search.run` evaluates (references included): the progress bar's
     total per calibration text. Full: 2 references, 4 b, 2 b refine, log-n, 4 attention factors,
-    ATTN_EDGE_STEPS beyond them, NTK-aware, one k per K_STEPS, dynamic; quick: references, b,
-    log-n and one attention factor."""
+    ATTN_EDGE_STEPS beyond them, NTK-aware at two k, one k per K_STEPS, dynamic; quick:
+    references, b, log-n and one attention factor."""
     if quick:
         return 2 + len(B_COARSE) + 1 + 1
-    return 2 + len(B_COARSE) + 2 + 1 + 2 * len(ATTN_FACTORS) + ATTN_EDGE_STEPS + 1 + len(K_STEPS) + 1
+    return 2 + len(B_COARSE) + 2 + 1 + 2 * len(ATTN_FACTORS) + ATTN_EDGE_STEPS + 2 + len(K_STEPS) + 1
 
 
 def seed_default() -> Setting:
@@ -185,10 +193,7 @@ class Search:
                     break
                 edge = round(edge + ATTN_STEP, 4)
                 self.eval(_with(top, attn=edge), "attention")
-            # 5. NTK-aware with the best's log-n and attention
-            top = self.best().setting
-            self.eval(candidate("ntk", logn=top.logn, attn=top.attn_factor), "NTK-aware")
-            # 6. k itself
+            # 5. k itself, on the best of the stages before
             top = self.best().setting
             if not top.dynamic:
                 base = self._seen[top].score
@@ -198,6 +203,11 @@ class Search:
                     if t.score >= base:
                         break
                     base = t.score
+            # 6. NTK-aware with the best's log-n and attention, at k = n_ctx / L and above it
+            top = self.best().setting
+            self.eval(candidate("ntk", logn=top.logn, attn=top.attn_factor), "NTK-aware")
+            self.eval(candidate("ntk", logn=top.logn, attn=top.attn_factor,
+                                k=round(self.k_auto * NTK_AWARE_K_STEP, 4)), "NTK-aware")
             # 7. dynamic k
             top = self.best().setting
             if not top.dynamic:
