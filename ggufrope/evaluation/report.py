@@ -321,7 +321,8 @@ def retrieval_table(res: dict[str, Any]) -> str:
     head = ["method"] + [f"{t} @ {c}" for c in ctxs for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     controls = []
-    for m, ln, dyn in _rows(res):
+    rows = _rows(res)
+    for m, ln, dyn in rows:
         cells = []
         for c in ctxs:
             cell = by.get((m, ln, dyn, c)) or {}
@@ -335,7 +336,7 @@ def retrieval_table(res: dict[str, Any]) -> str:
     if controls:
         notes.append(f"Shuffled control (each answer graded against another sample's gold): at most "
                      f"{max(controls):.0f} % in any cell.")
-    if ("truncate", False, False) in _rows(res):  # no row within L, nor with --no-truncation and none cached
+    if ("truncate", False, False) in rows:  # no row within L, nor with --no-truncation and none cached
         notes.append(f"Truncation baseline: the same prompts cut to their last L = {L} tokens, no method, n_ctx = L.")
     return "\n".join(lines + notes) + "\n"
 
