@@ -126,7 +126,8 @@ def test_ntk_aware_is_tried_at_twice_n_ctx_over_L_after_the_k_stage():
     after the k stage has refined the best ntk-mixed; when it wins, dynamic k is tried on it."""
     f, _ = objective()
 
-    def g(s):  # NTK-aware best at k = 5: the bowl 1 + (k - 5)^2, so 2 at k = 4; 10 at k = 2
+    def g(s):  # NTK-aware at an explicit k: the bowl 1 + (k - 5)^2, so 2 at k = 4; at k = n_ctx / L
+        # (factor None) and every other setting, the objective above, whose values are all >= 5
         return 1.0 + (s.factor - 5.0) ** 2 if s.method == "ntk" and s.factor is not None else f(s)
 
     s = T.Search(g, 2.0)
