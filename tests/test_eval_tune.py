@@ -269,7 +269,8 @@ def test_write_refuses_stock_methods(patched_lib, tiny, tmp_path):
 
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", ["smollm2-16384", "smollm2-32768", "gemma3-65536", "gemma3-131072", "smollm2-16384-retrieval",
-                                  "smollm2-32768-full", "gemma3-65536-full"])
+                                  "smollm2-32768-full", "gemma3-65536-full",
+                                  "gemma3-65536-retrieval"])
 def test_published_tune_is_the_cached_units(patched_lib, request, tmp_path, name):
     """docs/results/tune/*/tune.md (quoted in docs/results.md) is what `ggufrope tune --report-only`
     writes from the units committed in docs/results/cache: the search, the niah_single re-ranking
