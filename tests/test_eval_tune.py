@@ -196,6 +196,33 @@ def test_retrieval_chooses_among_the_top_three_and_the_seed_default():
     assert "Retrieval changed the choice" not in T.markdown(s.trials, ch0, n_ctx=16384, L=8192, texts=["doc"])
 
 
+def test_retrieval_also_scores_ntk_aware_at_twice_n_ctx_over_L():
+    """Stage 6's NTK-aware at k = 2 n_ctx / L is re-ranked by retrieval however far down it ranks
+    by perplexity (on SmolLM2 at 2x: 16th of 17, and the only setting that found 10 of 10)."""
+    f, _ = objective()
+    s = T.Search(f, 2.0)
+    s.run()
+    ranked = sorted((t for t in s.trials if t.role == "candidate"), key=lambda t: t.score)
+    (raised,) = [t for t in ranked if t.setting.method == "ntk" and t.setting.factor == 4.0]
+    (plain,) = [t for t in ranked if t.setting.method == "ntk" and t.setting.factor is None]
+    # the fixture's NTK-aware stands at b = 0.2, with the best's log-n and attention 1.035: by hand
+    # 5 + 10 * (0.2 - 0.875)^2 = 9.55625, the worst candidate
+    assert raised.score == pytest.approx(9.55625) and raised is ranked[-1] and raised.stage == "NTK-aware"
+    ch = T.choose_with_retrieval(s.trials, lambda st: 100.0 if st.method == "ntk" else 50.0)
+    assert ch is raised and raised.extra["niah_single"] == 100.0
+    assert "niah_single" not in plain.extra  # k = n_ctx / L: not a retrieval candidate
+    sd = next(t for t in ranked if t.setting == T.seed_default())
+    assert sd not in ranked[:3] and "niah_single" in sd.extra
+    scored = [t for t in s.trials if "niah_single" in t.extra]
+    assert len(scored) == 6  # the three best, the seed default, NTK-aware k = 4, YaRN
+    md = T.markdown(s.trials, ch, n_ctx=16384, L=8192, texts=["doc"], samples=10)
+    assert "run on the three best candidates by perplexity, the seed default and NTK-aware at k = 2·n_ctx/L (the " \
+           "best score is chosen" in md
+    assert f"Retrieval changed the choice: the best by perplexity alone is {ranked[0].setting.label()}" in md
+    # a tie with the perplexity leader: the lower perplexity wins
+    assert T.choose_with_retrieval(s.trials, lambda st: 50.0) is ranked[0]
+
+
 def test_report_ranks_and_states_the_held_out_result():
     f, _ = objective()
     s = T.Search(f, 2.0, quick=True)

@@ -454,8 +454,8 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
               help="Text for the held-out check, not used by the search.  [default: docutils_manual, or "
                    "paradise_lost when that is calibration text]")
 @click.option("--retrieval", is_flag=True,
-              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity and the seed default "
-                   "(the best score wins), and on stock YaRN for comparison.")
+              help="Also run RULER-lite niah_single at n_ctx on the three best by perplexity, the seed default and "
+                   "NTK-aware at twice n_ctx/L (the best score wins), and on stock YaRN for comparison.")
 @click.option("--samples", type=click.IntRange(min=1), default=5, show_default=True,
               help="niah_single samples per setting with --retrieval.")
 @click.option("--quick", is_flag=True, help="Coarse search only (b, log-n, one attention factor): 8 settings.")

@@ -8,10 +8,11 @@ x5.72 with scale 0.75), so a user should not have to guess them.
 :mod:`ggufrope.evaluation.ppl`) on calibration text: one window of n_ctx tokens per text,
 cached per unit like the comparison grid, so an interrupted search resumes. With
 ``retrieval``, RULER-lite ``niah_single`` (:mod:`ggufrope.evaluation.ruler`) at n_ctx chooses
-among the three best by perplexity and the seed default (highest score wins, then lowest
-perplexity; stock YaRN is scored too, for the report): perplexity beyond L does not rank
-retrieval (docs/results.md: on SmolLM2 at 2x the three best by perplexity found 3, 4 and 6
-needles of 10, the seed default 7).
+among the three best by perplexity, the seed default and NTK-aware at twice n_ctx / L (stage 6;
+highest score wins, then lowest perplexity; stock YaRN is scored too, for the report):
+perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the three best
+by perplexity found 3, 4 and 6 needles of 10, the seed default 7, NTK-aware at k = 4 without
+the search's attention factor 10, at 16th of 17 by perplexity).
 
 **Search** (coarse to fine; every setting is a :class:`~ggufrope.evaluation.decoder.Setting`
 with k = n_ctx / L unless the k stage changes it):
@@ -227,13 +228,22 @@ def stock_rival(trials: Sequence[Trial], chosen: Trial) -> Trial | None:
     return best if best is not None and best.score < chosen.score else None
 
 
+def ntk_aware_raised(t: Trial) -> bool:
+    """Whether ``t`` is stage 6's NTK-aware candidate at NTK_AWARE_K_STEP times n_ctx / L (its
+    other candidate leaves k at n_ctx / L, ``factor`` None)."""
+    return t.stage == "NTK-aware" and t.setting.factor is not None
+
+
 def choose_with_retrieval(trials: Sequence[Trial], retrieval: Callable[[Setting], float], top: int = 3) -> Trial:
-    """Among the ``top`` candidates by perplexity and the seed default (when the search measured
-    it), the highest retrieval score (percent), then the lowest perplexity; stores the score in
+    """Among the ``top`` candidates by perplexity, the seed default and NTK-aware at
+    NTK_AWARE_K_STEP x n_ctx / L (each when the search measured it: the one setting of the
+    search whose reason is retrieval, see stage 6, however it ranks by perplexity), the highest
+    retrieval score (percent), then the lowest perplexity; stores the score in
     ``trial.extra["niah_single"]``. Stock YaRN (a reference, when the search measured it) is
-    scored too, never chosen: the report compares the choice with it (:func:`retrieval_rival`)."""
+    scored too, never chosen: the report compares the choice with it (:func:`retrieval_rival`).
+    Raises GGUFRopeError when no candidate was evaluated."""
     cands = sorted((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
-    c = cands[:top] + [t for t in cands[top:] if t.setting == seed_default()]
+    c = cands[:top] + [t for t in cands[top:] if t.setting == seed_default() or ntk_aware_raised(t)]
     if not c:
         raise GGUFRopeError("tune: no candidate was evaluated")
     yarn = [t for t in trials if t.role == "reference" and t.setting == candidate("yarn")]
@@ -300,9 +310,11 @@ def markdown(trials: Sequence[Trial], chosen: Trial, *, n_ctx: int, L: int, text
     if has_r:
         n = "" if samples is None else f" over {samples} samples (seed 0)"
         out.append("")
-        out.append(f"niah_single: RULER-lite at n_ctx {n_ctx}{n}, percent of gold values found, run on the "
-                   "three best candidates by perplexity and the seed default (the best score is chosen, a tie goes to "
-                   "the lower perplexity), and on stock YaRN for comparison.")
+        pool = "three best candidates by perplexity" + (
+            f", the seed default and NTK-aware at k = {NTK_AWARE_K_STEP:g}·n_ctx/L"
+            if any(map(ntk_aware_raised, trials)) else " and the seed default")
+        out.append(f"niah_single: RULER-lite at n_ctx {n_ctx}{n}, percent of gold values found, run on the {pool} "
+                   "(the best score is chosen, a tie goes to the lower perplexity), and on stock YaRN for comparison.")
         best = min((t for t in trials if t.role == "candidate"), key=lambda t: t.score)
         if best is not chosen:
             out.append(f"Retrieval changed the choice: the best by perplexity alone is {lab(best.setting)} "
