@@ -317,7 +317,7 @@ SUMMARY_ROWS = {
     "ntk (NTK-aware) + log n": (("smollm2-2x", "ntk + log-n"), ("smollm2-4x", "ntk + log-n")),
     "ntk (NTK-aware), dynamic k": (None, ("smollm2-4x", "ntk dyn")),
     "ntk (NTK-aware) + log n, dynamic k": (("smollm2-2x-dyn", "ntk dyn + log-n"), ("smollm2-4x", "ntk dyn + log-n")),
-    "ntk (NTK-aware), k = 2·n_ctx/L": (("smollm2-2x-k4", "ntk"), None),
+    "ntk (NTK-aware), k = 2·n_ctx/L": (("smollm2-2x-k4", "ntk"), ("smollm2-4x-k8", "ntk")),
     "ntk-fixed + log n": (("smollm2-2x", "ntk-fixed + log-n"), None),
     "ntk-mixed b = 0.625": (("smollm2-2x", "ntk-mixed (b=0.625)"), ("smollm2-4x", "ntk-mixed (b=0.625)")),
     "ntk-mixed b = 0.625 + log n (seed 000's default)":
