@@ -11,8 +11,8 @@ cached per unit like the comparison grid, so an interrupted search resumes. With
 among the three best by perplexity, the seed default and NTK-aware at twice n_ctx / L (stage 6;
 highest score wins, then lowest perplexity; stock YaRN is scored too, for the report):
 perplexity beyond L does not rank retrieval (docs/results.md: on SmolLM2 at 2x the three best
-by perplexity found 3, 4 and 6 needles of 10, the seed default 7, NTK-aware at k = 4 without
-the search's attention factor 10, at 16th of 17 by perplexity).
+by perplexity found 3, 4 and 6 needles of 10, the seed default 7, and NTK-aware at k = 4 with
+the search's attention factor 1.035, 16th of 17 by perplexity, all 10).
 
 **Search** (coarse to fine; every setting is a :class:`~ggufrope.evaluation.decoder.Setting`
 with k = n_ctx / L unless the k stage changes it):
