@@ -75,6 +75,23 @@ def test_markdown_table_note_names_the_passkey_trials_or_says_there_were_none():
     assert "over 0 trials" not in md and "/ – (no passkey trials in this grid: --trials 0)." in md
 
 
+def test_retrieval_only_grid_has_no_table_of_dashes_but_keeps_the_notes():
+    res = _res()
+    res["grid"].update(texts=[], trials=0)  # --no-ppl --trials 0
+    res["builds"] = {"abc (patch 0.1.0), CPU": 3}
+    res["command"] = "ggufrope eval compare m --no-ppl --trials 0"
+    md = ER.markdown_table(res)
+    assert not any(ln.startswith("|") for ln in md.splitlines())  # no "| YaRN | – / – |" rows
+    assert md.startswith("No perplexity or passkey table: this grid scored no text (--no-ppl)")
+    assert "Factor k per context: 16384: k = 2." in md
+    assert "Units computed by: abc (patch 0.1.0), CPU (3 units)." in md
+    assert md.rstrip().endswith("Command: `ggufrope eval compare m --no-ppl --trials 0`")
+    full = ER.report_markdown(res)
+    assert full.count("| method |") == 1 and "| YaRN | 40 |" in full  # the RULER-lite table is the report
+    res["grid"]["trials"] = 10  # passkey without perplexity: the table stays (its cells have accuracies)
+    assert "| YaRN | – / 30% |" in ER.markdown_table(res)
+
+
 def test_retrieval_table_note_names_only_the_tasks_run():
     res = _res()
     assert ("passkey accuracy over 10 trials; RULER-lite string_match_all over 10 samples a cell."

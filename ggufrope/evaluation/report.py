@@ -34,9 +34,15 @@ def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = F
 def markdown_table(res: dict[str, Any]) -> str:
     """Seed 000's Table 1 shape: rows = methods without and with log-n (static k, then dynamic
     k where the grid has it), columns = contexts, cells = perplexity beyond L / passkey
-    accuracy."""
+    accuracy. A grid with neither (no texts, --trials 0: retrieval only) gets one line saying
+    so instead of a table of dashes, then the same notes (k, builds, command)."""
     L = res["model"]["n_ctx_orig"]
     g = res["grid"]
+    if not g["texts"] and not g["trials"]:
+        notes = ["No perplexity or passkey table: this grid scored no text (--no-ppl) and ran no passkey "
+                 "trials (--trials 0); its RULER-lite table follows."]
+        notes += _grid_notes(res)
+        return "\n".join(notes) + "\n"
     ctxs = g["n_ctx"]
     by = {(c["method"], c["logn"], c.get("dynamic", False), c["n_ctx"]): c for c in res["cells"]}
     head = ["method"] + [f"{c} ({c / L:.3g}×L)" for c in ctxs]
@@ -67,6 +73,18 @@ def markdown_table(res: dict[str, Any]) -> str:
     ]
     if any_paren:
         notes.append("A perplexity in parentheses is over all scored tokens: at that context no scored token is beyond L.")
+    texts = ", ".join(t["name"] for t in g["texts"]) or "none"
+    sf = "n_ctx/2" if g["score_from"] is None else str(g["score_from"])
+    notes += _grid_notes(res, f"Texts: {texts}; windows per text: {g['max_windows'] or 'all'}; scored from "
+                         f"position {sf} of each window (llama-perplexity's protocol).")
+    return "\n".join(lines + notes) + "\n"
+
+
+def _grid_notes(res: dict[str, Any], texts_line: str | None = None) -> list[str]:
+    """The notes under :func:`markdown_table`: factor k per context, the attention factor, dynamic
+    k, ``texts_line`` (the documents scored) where given, the builds and the command."""
+    g = res["grid"]
+    notes = []
     ks = sorted({(c["n_ctx"], c["factor"]) for c in res["cells"] if c["factor"] is not None})
     if ks:
         notes.append("Factor k per context: " + ", ".join(f"{c}: k = {k:g}" for c, k in sorted(set(ks))) + ".")
@@ -75,15 +93,13 @@ def markdown_table(res: dict[str, Any]) -> str:
                      "yarn_attn_factor: cos/sin of Q and K times s, logits times s²).")
     if any(c.get("dynamic") for c in res["cells"]):
         notes.append(f"dyn: {dynamic_words()} (llama.cpp chooses k as each window fills; no fixed k).")
-    texts = ", ".join(t["name"] for t in g["texts"]) or "none"
-    sf = "n_ctx/2" if g["score_from"] is None else str(g["score_from"])
-    notes.append(f"Texts: {texts}; windows per text: {g['max_windows'] or 'all'}; scored from position {sf} "
-                 "of each window (llama-perplexity's protocol).")
+    if texts_line:
+        notes.append(texts_line)
     if res.get("builds"):
         notes.append(builds_note(res["builds"]))
     if res.get("command"):
         notes.append(f"Command: `{res['command']}`")
-    return "\n".join(lines + notes) + "\n"
+    return notes
 
 
 def relative_ppl(res: dict[str, Any]) -> tuple[str, list[tuple[str, list[float | None]]]]:
