@@ -267,14 +267,12 @@ default_jobs() {
     # milton_epics, then the held-out check on the manual), reusing the windows a CPU computed for it.
     # Then tune --retrieval at SmolLM2's 4xL ('@smollm2' needs smollm2 in MODEL: MODEL="gemma3
     # smollm2"): its search windows are all cached, its new candidates' niah_single cells are not
-    # (2026-11-29 (f): NTK-aware at twice n_ctx/L joined them). After the niah_single rows, NTK-aware
-    # at Gemma 3's 4xL with k = 8 (twice n_ctx/L: the setting that retrieves on SmolLM2 at 2xL and
-    # 4xL and on Gemma 3 at 2xL).
+    # (2026-11-29 (f): NTK-aware at twice n_ctx/L joined them). NTK-aware at Gemma 3's 4xL with
+    # k = 8 (niah_single) ran on a CPU, 2026-11-29 (g).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") row
     for row in "linear off" "linear on" "ntk on"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
     done
-    jobs+=("@gemma3 -c 131072 -k 8 --methods ntk --logn off $R --tasks niah_single --trials 0 --no-truncation")
     for row in "yarn on" "ntk-mixed off" "linear off" "linear on" "none off" "none on" "ntk off" "ntk on"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks vt --trials 10 --no-truncation")
     done

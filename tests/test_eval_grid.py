@@ -377,7 +377,8 @@ GEMMA_SUMMARY_ROWS = {
     "`tune --quick`'s choice at 2×L (b = 0.5, no log n)": (("gemma3-2x-tuned", "ntk-mixed (b=0.5)"), None),
     "`tune`'s choice at 2×L, full search (b = 0.375, k = 2.5, no log n)":
         (("gemma3-2x-tuned-full", "ntk-mixed (b=0.375)"), None),
-    "`tune --retrieval`'s choice at 2×L (NTK-aware, k = 4 = 2·n_ctx/L, no log n)": (("gemma3-2x-k4", "ntk"), None),
+    "ntk (NTK-aware), k = 2·n_ctx/L (`tune --retrieval`'s choice at 2×L, k = 4; 4×L: k = 8)":
+        (("gemma3-2x-k4", "ntk"), ("gemma3-4x-k8", "ntk")),
     "truncation (the prompt cut to its last L tokens, none)":
         (("gemma3-2x", "truncate to L = 32768"), ("gemma3-4x", "truncate to L = 32768")),
 }
