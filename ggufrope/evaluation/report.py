@@ -34,11 +34,12 @@ def _row_name(method: str, logn: bool, exponent: float | None, dynamic: bool = F
 def markdown_table(res: dict[str, Any]) -> str:
     """Seed 000's Table 1 shape: rows = methods without and with log-n (static k, then dynamic
     k where the grid has it), columns = contexts, cells = perplexity beyond L / passkey
-    accuracy. A grid with neither (no texts, --trials 0: retrieval only) gets one line saying
-    so instead of a table of dashes, then the same notes (k, builds, command)."""
+    accuracy. A grid with neither (no texts, --trials 0 and no cell with a perplexity: retrieval
+    only) gets one line saying so instead of a table of dashes, then the same notes (k, builds,
+    command)."""
     L = res["model"]["n_ctx_orig"]
     g = res["grid"]
-    if not g["texts"] and not g["trials"]:
+    if not g["texts"] and not g["trials"] and all(c.get("ppl") is None for c in res["cells"]):
         notes = ["No perplexity or passkey table: this grid scored no text (--no-ppl) and ran no passkey "
                  "trials (--trials 0); its RULER-lite table follows."]
         notes += _grid_notes(res)
