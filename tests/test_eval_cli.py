@@ -50,6 +50,11 @@ def test_eval_cli_errors_are_one_line(smollm2):
     assert r.exit_code == 2 and "ggufrope: error:" in r.output and "neither a file nor a corpus document" in r.output
     r = CliRunner().invoke(main, ["eval", "compare", str(smollm2), "--methods", "rope9"])
     assert r.exit_code == 2 and "unknown method" in r.output
+    # a grid that would measure nothing is refused before anything loads, so the retrieval-only
+    # report (markdown_table) always has a RULER-lite table to point to
+    r = CliRunner().invoke(main, ["eval", "compare", str(smollm2), "--no-ppl", "--trials", "0"])
+    assert r.exit_code == 2 and r.output.count("\n") == 1
+    assert "nothing to run: --no-ppl with --trials 0 and no --tasks" in r.output
 
 
 # --- eval passkey, eval ruler ----------------------------------------------------------------------------

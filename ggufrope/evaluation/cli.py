@@ -290,7 +290,7 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
                    "as `ggufrope tune` searches it; not with yarn, which scales attention itself.")
 @click.option("--text", "texts", multiple=True, metavar="NAME_OR_FILE",
               help="Perplexity texts (repeatable). Default: every long corpus document.")
-@click.option("--no-ppl", is_flag=True, help="Skip perplexity (passkey only).")
+@click.option("--no-ppl", is_flag=True, help="Skip perplexity: retrieval only (passkey and --tasks).")
 @click.option("--max-windows", type=click.IntRange(min=1), default=1, show_default=True,
               help="Windows per text and context.")
 @click.option("--score-from", type=click.IntRange(min=0), default=None, help="[default: n_ctx/2]")
