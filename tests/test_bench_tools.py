@@ -149,3 +149,36 @@ def test_runtime_cost_smoke(patched_lib, tmp_path, persistent):
     assert rec["persistent"] is persistent
     assert [len(v) for v in rec["tok_s"]["prefill@256"].values()] == [2, 2] and rec["machine"]["cores"] >= 1
     assert re.search(r"prefill@256 +mixed/none \d+\.\d{3} \[\d+\.\d{3}-\d+\.\d{3}\]", r.stdout), r.stdout
+
+
+# ----------------------------------------------------------------------------- bench/niah_near_misses.py
+
+def test_niah_near_misses_by_hand(tmp_path):
+    import importlib.util
+
+    from ggufrope.models import GEMMA3
+
+    spec = importlib.util.spec_from_file_location("near", BENCH / "niah_near_misses.py")
+    near = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(near)
+    # answers from the committed Gemma 3 units, classified by hand
+    assert near.classify("2371038", ": 1371038.\nThe special") == "one"  # the leading 2 became 1
+    assert near.classify("5211164", " 1111164.\nThe ") == "two"  # 52 became 11
+    assert near.classify("5427297", ": 10427297.") == "one"  # 5 became 10: the last six are there
+    assert near.classify("5305804", ": 5305804.\nThe") == "found"
+    assert near.classify("6521239", ": 123456789.") == "miss"
+    assert near.classify("2336143", ": 2336.") == "miss"  # a prefix is not a near miss
+    assert near.first_number(": 10427297.\nThe 9", "27297") == "10427297"
+
+    unit = lambda task, answers: {"key": {"task": task, "n_ctx": 65536, "model": {"sha256": GEMMA3.sha256}},
+                                  "result": {"rows": [{"gold": [g], "answer": a} for g, a in answers]}}
+    (tmp_path / "ruler-a.json").write_text(json.dumps(unit("niah_single", [
+        ("2371038", ": 1371038."), ("5211164", " 1111164."), ("5305804", ": 5305804."), ("6521239", ": 1.")])))
+    (tmp_path / "ruler-b.json").write_text(json.dumps(unit("niah_single", [("5427297", ": 10427297.")])))
+    (tmp_path / "ruler-c.json").write_text(json.dumps(unit("vt", [("2371038", ": 1371038.")])))  # not niah
+    (tmp_path / "ruler-d.json.partial").write_text("{}")  # unfinished cells are not read
+    r = _bench("niah_near_misses.py", "--cache", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[2:] == ['| gemma3 | 65536 | 2 | 5 | 1 | 3 (2 / 1) | "1" ×3 |']
+    r = _bench("niah_near_misses.py", "--cache", str(tmp_path / "none"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no cache directory" in r.stderr
