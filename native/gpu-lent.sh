@@ -271,7 +271,7 @@ default_jobs() {
     # (2026-11-29 (f): NTK-aware at twice n_ctx/L joined them). NTK-aware at Gemma 3's 4xL with
     # k = 8 (niah_single) ran on a CPU, 2026-11-29 (g).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") row
-    for row in "linear off" "ntk on"; do
+    for row in "linear off"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
     done
     for row in "yarn on" "ntk-mixed off" "linear off" "linear on" "none off" "none on" "ntk off" "ntk on"; do
