@@ -26,11 +26,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def classify(gold: str, answer: str) -> str:
-    """``"found"`` when ``gold`` is in ``answer`` (RULER's string match), ``"one"`` when only its
+    """``"found"`` when RULER's string match finds ``gold`` in ``answer``
+    (:func:`ggufrope.evaluation.ruler.score`), ``"one"`` when only its
     first digit is missing (its last six characters are there), ``"two"`` when its last five
     are and its last six are not, else ``"miss"``. ``gold`` is a 7-digit needle; shorter golds
     are ``"found"`` or ``"miss"`` only."""
-    if gold in answer:
+    from ggufrope.evaluation.ruler import score
+
+    if score(answer, [gold]) == 1.0:
         return "found"
     if len(gold) == 7 and gold[1:] in answer:
         return "one"
@@ -64,7 +67,7 @@ def count(cache: pathlib.Path) -> dict[tuple[str, int], dict]:
                                                   "lead": collections.Counter()})
         c["cells"] += 1
         for row in unit["result"]["rows"]:
-            gold = row["gold"][0] if isinstance(row["gold"], list) else row["gold"]
+            (gold,) = row["gold"]  # niah_single has one needle
             kind = classify(gold, row["answer"])
             c["answers"] += 1
             if kind in ("found", "one", "two"):

@@ -63,14 +63,19 @@ def test_rope_op_count_mode(patched_lib, tmp_path):
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
-@pytest.fixture(scope="module")
-def benchlib():
+def _bench_module(name: str):
+    """bench/NAME.py imported as a module (bench/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("benchlib", BENCH / "benchlib.py")
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def benchlib():
+    return _bench_module("benchlib")
 
 
 def test_benchlib_statistics_by_hand(benchlib):
@@ -154,13 +159,9 @@ def test_runtime_cost_smoke(patched_lib, tmp_path, persistent):
 # ----------------------------------------------------------------------------- bench/niah_near_misses.py
 
 def test_niah_near_misses_by_hand(tmp_path):
-    import importlib.util
-
     from ggufrope.models import GEMMA3
 
-    spec = importlib.util.spec_from_file_location("near", BENCH / "niah_near_misses.py")
-    near = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(near)
+    near = _bench_module("niah_near_misses")
     # answers from the committed Gemma 3 units, classified by hand
     assert near.classify("2371038", ": 1371038.\nThe special") == "one"  # the leading 2 became 1
     assert near.classify("5211164", " 1111164.\nThe ") == "two"  # 52 became 11
