@@ -260,9 +260,9 @@ default_jobs() {
     # passkey and vt for YaRN, the seed default and truncation); '@gemma3' needs gemma3 in
     # MODEL ("smollm2 gemma3", or gemma3 alone when the benchmark is not run); a Gemma 3
     # 4xL sample is a 131072-token prefill (7-9 s on the H200 alone, 16 s with four jobs
-    # at once, GRID_PARALLEL=4; a cell 180-210 s). linear's niah_single cell has a partial
-    # file of the H200's build 5dbed41cf0e46937; ntk's (no log n) ran on a CPU, 2026-11-29 (c),
-    # linear + log n's on a CPU, 2026-11-30
+    # at once, GRID_PARALLEL=4; a cell 180-210 s). The rest of the 4xL niah_single column ran on
+    # CPUs: ntk's (no log n) 2026-11-29 (c), linear + log n's 2026-11-30, ntk + log n's 2026-11-30
+    # (b), linear's 2026-11-30 (c)
     # One row (method, log n) a job, so that GRID_PARALLEL jobs share the work evenly. First, as the
     # longest: tune at Gemma 3's 4xL, the full search (at most 20 calibration windows on
     # milton_epics, then the held-out check on the manual), reusing the windows a CPU computed for it.
@@ -271,9 +271,6 @@ default_jobs() {
     # (2026-11-29 (f): NTK-aware at twice n_ctx/L joined them). NTK-aware at Gemma 3's 4xL with
     # k = 8 (niah_single) ran on a CPU, 2026-11-29 (g).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") row
-    for row in "linear off"; do
-        jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks niah_single --trials 0 --no-truncation")
-    done
     for row in "yarn on" "ntk-mixed off" "linear off" "linear on" "none off" "none on" "ntk off" "ntk on"; do
         jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks vt --trials 10 --no-truncation")
     done
