@@ -322,7 +322,7 @@ grid() {
     done
     run_jobs "${GRID_PARALLEL:-1}" "$t0" "$deadline" "${cmds[@]}"
     # the units computed, and the partial files of those a deadline stopped (their samples so far)
-    (cd "$c" && find . -type f -newer "$S/grid.start" \( -name '*.json' -o -name '*.json.partial' \) \
+    (cd "$c" && find . -type f -newer "$S/grid.start" \( -name '*.json' -o -name '*.json.*.partial' \) \
         ! -name 'model-sha256.json' | tar -czf "$out/units.tar.gz" -T -)
     echo "grid: $(tar -tzf "$out/units.tar.gz" | grep -c '\.json$') units computed on this machine (all calls), $(tar -tzf "$out/units.tar.gz" | grep -c '\.partial$') partial"
 }
@@ -359,15 +359,17 @@ import_units() {
         d=docs/results/cache/$(basename "$f")
         if cmp -s "$f" "$d"; then same=$((same + 1))   # an earlier call's archive brought it
         elif [ -f "$d" ]; then cp "$f" docs/results/gpu/units/; kept=$((kept + 1))
-        else cp "$f" "$d" && rm -f "$d.partial"; n=$((n + 1)); fi
+        else cp "$f" "$d" && rm -f "$d".*.partial; n=$((n + 1)); fi
     done
     # a partial file (the samples of a unit the deadline stopped) joins the cache when the unit is not
-    # there: the next run of that build resumes it (evaluation/cache.py); a unit that arrives removes
-    # its partial file (imported from an earlier call's units.tar.gz)
+    # there: the next run of that build resumes it (evaluation/cache.py), and another build's partial
+    # file of the unit (this CPU's) stays beside it; a unit that arrives removes its partial files
+    # (every build's: the unit is stored)
     local np=0
-    for f in "$tmp"/*.json.partial; do
+    for f in "$tmp"/*.json.*.partial; do
         [ -f "$f" ] || continue
-        [ -f "docs/results/cache/$(basename "$f" .partial)" ] && continue
+        d=$(basename "$f")
+        [ -f "docs/results/cache/${d%%.json.*}.json" ] && continue
         cp "$f" docs/results/cache/; np=$((np + 1))
     done
     rm -rf "$tmp"

@@ -127,6 +127,32 @@ def test_stale_build_is_recomputed_and_same_build_reused(patched_lib, tiny, tmp_
 # --- a retrieval unit stopped part-way resumes at its next sample ------------------------------------
 
 
+def test_each_build_keeps_its_own_partial_file(tmp_path):
+    """Two builds (a lent GPU's, this CPU's) stopped in the same unit keep their samples in two
+    files, ``<unit file>.<12 hex>.partial``, each read back only by its build; storing the unit
+    removes both, and nothing else in the cache."""
+    cache = EC.Cache(tmp_path)
+    key = {"kind": "ruler", "method": "linear", "logn": False, "n_ctx": 131072, "task": "niah_single"}
+    cpu = {"library": "a" * 16, "ggufrope_patch": "1", "backend": "CPU", "flash_attn": True, "n_ubatch": 512}
+    gpu = {**cpu, "library": "b" * 16, "backend": "CUDA"}
+    cache.put_partial(key, cpu, {0: {"answer": "cpu 0"}, 1: {"answer": "cpu 1"}}, 60.0)
+    cache.put_partial(key, gpu, {0: {"answer": "gpu 0"}}, 2.5)
+    cache.put_partial(key, cpu, {0: {"answer": "cpu 0"}, 1: {"answer": "cpu 1"}, 2: {"answer": "cpu 2"}}, 90.0)
+    paths = cache.partial_paths(key)
+    unit = cache.path(key).name
+    assert len(paths) == 2 and all(re.fullmatch(re.escape(unit) + r"\.[0-9a-f]{12}\.partial", p.name) for p in paths)
+    assert cache.partial_path(key, cpu) != cache.partial_path(key, gpu) and set(paths) == {
+        cache.partial_path(key, cpu), cache.partial_path(key, gpu)}
+    assert cache.read_partial(key, cpu) == ({0: {"answer": "cpu 0"}, 1: {"answer": "cpu 1"}, 2: {"answer": "cpu 2"}}, 90.0)
+    assert cache.read_partial(key, gpu) == ({0: {"answer": "gpu 0"}}, 2.5)
+    assert cache.read_partial(key, {**cpu, "n_ubatch": 256}) == ({}, 0.0)
+    other = {**key, "method": "yarn"}  # another unit's partial file stays
+    cache.put_partial(other, cpu, {0: {"answer": "x"}}, 1.0)
+    cache.put(key, {"rows": []}, gpu)
+    assert not cache.partial_paths(key) and cache.partial_paths(other) == [cache.partial_path(other, cpu)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([unit, cache.partial_path(other, cpu).name])
+
+
 class _Stop(Exception):
     pass
 
@@ -141,7 +167,7 @@ class _StoppingCache(EC.Cache):
 
     def put_partial(self, key, build, rows, wall_s):
         super().put_partial(key, build, rows, wall_s)
-        if len(rows) == self.after:
+        if self.after is not None and len(rows) == self.after:
             raise _Stop
 
 
@@ -170,7 +196,7 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
             return r, ur.stats, key
 
     full, stats, key = run(EC.Cache(tmp_path / "a"))
-    assert stats.computed == 1 and not EC.Cache(tmp_path / "a").partial_path(key).exists()
+    assert stats.computed == 1 and not EC.Cache(tmp_path / "a").partial_paths(key)
     answers = [r["answer"] for r in full["rows"]]
 
     cache = EC.Cache(tmp_path / "b")
@@ -193,10 +219,16 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
     assert [a for i, a in enumerate(got) if i != planted] == [a for i, a in enumerate(answers) if i != planted]
     assert [res["rows"][i]["seconds"] for i in sorted(kept)] == [kept[i]["seconds"] for i in sorted(kept)]
     assert res["wall_s"] > wall
-    assert cache.path(key).exists() and not cache.partial_path(key).exists()
+    assert cache.path(key).exists() and not cache.partial_paths(key)
 
-    # a partial file of another build: every sample answered again
-    cache_c = EC.Cache(tmp_path / "c")
-    cache_c.put_partial(key, {**build, "library": "0" * 16}, kept, wall)
+    # a partial file of another build: every sample answered again, and its file kept while
+    # this build's samples are saved beside it (gone with both once the unit is stored)
+    cache_c = _StoppingCache(tmp_path / "c", after=1)
+    other = {**build, "library": "0" * 16}
+    cache_c.put_partial(key, other, kept, wall)
+    with pytest.raises(_Stop):
+        run(cache_c)
+    assert len(cache_c.partial_paths(key)) == 2 and cache_c.read_partial(key, other) == (kept, wall)
+    cache_c.after = None
     res_c, _, _ = run(cache_c)
-    assert [r["answer"] for r in res_c["rows"]] == answers
+    assert [r["answer"] for r in res_c["rows"]] == answers and not cache_c.partial_paths(key)

@@ -136,9 +136,10 @@ def test_default_grid_jobs_name_only_cells_not_run(request, tmp_path):
 def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not_there(tmp_path):
     """import: a new unit joins docs/results/cache, a recomputed committed one goes to
     docs/results/gpu/units; a partial file (a unit the deadline stopped) joins the cache unless
-    its unit is there, so the next run of that build resumes it; a unit that arrives removes its
-    partial file (an earlier call's import brought it); a unit already there byte for byte (an earlier
-    call's archive brought it: each call's archive holds all the machine's units) is left alone."""
+    its unit is there, so the next run of that build resumes it, beside another build's partial
+    file of the unit; a unit that arrives removes its partial files (every build's: an earlier
+    call's import brought one); a unit already there byte for byte (an earlier call's archive
+    brought it: each call's archive holds all the machine's units) is left alone."""
     import tarfile
 
     repo = tmp_path / "repo"
@@ -149,13 +150,15 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     cache.mkdir(parents=True)
     (cache / "ruler-yarn-65536-old.json").write_text("committed")
     (cache / "ruler-ntk-131072-done.json").write_text("committed")
-    (cache / "ruler-none-65536-new.json.partial").write_text("an earlier call's samples")
+    (cache / "ruler-none-65536-new.json.0123456789ab.partial").write_text("an earlier call's samples")
+    (cache / "ruler-none-65536-new.json.cccccccccccc.partial").write_text("this CPU's samples")
+    (cache / "ruler-linear-131072-cut.json.cccccccccccc.partial").write_text("this CPU's samples")
     (cache / "ruler-yarn-131072-earlier-call.json").write_text("computed in the first call")
     src = tmp_path / "units"
     src.mkdir()
     files = {"ruler-none-65536-new.json": "new", "ruler-yarn-65536-old.json": "recomputed",
-             "ruler-linear-131072-cut.json.partial": "samples so far",
-             "ruler-ntk-131072-done.json.partial": "stale samples",
+             "ruler-linear-131072-cut.json.0123456789ab.partial": "samples so far",
+             "ruler-ntk-131072-done.json.0123456789ab.partial": "stale samples",
              "ruler-yarn-131072-earlier-call.json": "computed in the first call"}
     for name, text in files.items():
         (src / name).write_text(text)
@@ -170,9 +173,10 @@ def test_import_keeps_committed_units_apart_and_takes_partial_files_of_units_not
     assert (cache / "ruler-none-65536-new.json").read_text() == "new"
     assert (cache / "ruler-yarn-65536-old.json").read_text() == "committed"
     assert (repo / "docs" / "results" / "gpu" / "units" / "ruler-yarn-65536-old.json").read_text() == "recomputed"
-    assert (cache / "ruler-linear-131072-cut.json.partial").read_text() == "samples so far"
-    assert not (cache / "ruler-ntk-131072-done.json.partial").exists()
-    assert not (cache / "ruler-none-65536-new.json.partial").exists()  # its unit arrived
+    assert (cache / "ruler-linear-131072-cut.json.0123456789ab.partial").read_text() == "samples so far"
+    assert (cache / "ruler-linear-131072-cut.json.cccccccccccc.partial").read_text() == "this CPU's samples"
+    assert not list(cache.glob("ruler-ntk-131072-done.json.*"))
+    assert not list(cache.glob("ruler-none-65536-new.json.*"))  # its unit arrived: both builds' partial files go
 
 
 def test_run_jobs_runs_at_most_par_at_once_and_none_past_the_deadline(tmp_path):

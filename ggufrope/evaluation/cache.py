@@ -17,11 +17,13 @@ overwrites it, except with ``report_only``, which reads any build and counts the
 build (:func:`build_id`) in the report.
 
 **Partial units.** A retrieval unit (a passkey trial set, a RULER-lite task) takes minutes to
-hours beyond L on a CPU; its samples done so far are kept beside it in ``<unit file>.partial``
-(:meth:`Cache.read_partial`, :meth:`Cache.put_partial`), written after each sample, so a run
-that is stopped resumes at the next sample instead of the first. Samples are taken from a
-partial file only when the same build computed them (a unit is never a mix of builds); the
-file is removed when the unit is stored. Its name does not end in ``.json``: it is not a unit.
+hours beyond L on a CPU; its samples done so far are kept beside it in
+``<unit file>.<build>.partial`` (:meth:`Cache.partial_path`, :meth:`Cache.read_partial`,
+:meth:`Cache.put_partial`), written after each sample, so a run that is stopped resumes at the
+next sample instead of the first. A run resumes only its own build's samples (a unit is never a
+mix of builds), and each build has its own partial file, so a run on a lent GPU and one on this
+CPU keep each other's samples. Every partial file of a unit is removed when the unit is stored.
+Their names do not end in ``.json``: they are not units.
 """
 
 from __future__ import annotations
@@ -104,20 +106,30 @@ class Cache:
 
     def put(self, key: dict[str, Any], result: dict[str, Any], build: dict[str, Any] | None = None) -> None:
         """Store ``result`` under ``key``, with the ``build`` that computed it (:func:`build_info`),
-        and remove the unit's partial file."""
+        and remove the unit's partial files (every build's)."""
         atomic_json(self.path(key), {"key": key, "result": result, **({"build": build} if build is not None else {})})
-        self.partial_path(key).unlink(missing_ok=True)
+        for p in self.partial_paths(key):
+            p.unlink(missing_ok=True)
 
-    def partial_path(self, key: dict[str, Any]) -> pathlib.Path:
+    def partial_path(self, key: dict[str, Any], build: dict[str, Any] | None) -> pathlib.Path:
+        """``<unit file>.<build>.partial``: the partial file of the unit ``key`` computed by
+        ``build`` (:func:`build_info`), ``<build>`` the first 12 hex digits of the sha256 of its
+        JSON."""
         p = self.path(key)
-        return p.with_name(p.name + ".partial")
+        b = hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()[:12]
+        return p.with_name(f"{p.name}.{b}.partial")
+
+    def partial_paths(self, key: dict[str, Any]) -> list[pathlib.Path]:
+        """The partial files of the unit ``key``, of every build, sorted by name."""
+        p = self.path(key)
+        return sorted(p.parent.glob(glob.escape(p.name) + ".*.partial"))
 
     def read_partial(self, key: dict[str, Any], build: dict[str, Any] | None) -> tuple[dict[int, dict[str, Any]], float]:
         """The samples of the unit ``key`` that ``build`` computed before it was stopped, by sample
         index, and the seconds they took (``wall_s``); ``({}, 0.0)`` when there is no partial file,
         or it holds another key or another build."""
         try:
-            obj = json.loads(self.partial_path(key).read_text())
+            obj = json.loads(self.partial_path(key, build).read_text())
         except (OSError, ValueError):
             return {}, 0.0
         if obj.get("key") != json.loads(json.dumps(key)) or obj.get("build") != build:
@@ -127,8 +139,8 @@ class Cache:
     def put_partial(self, key: dict[str, Any], build: dict[str, Any] | None, rows: dict[int, dict[str, Any]],
                     wall_s: float) -> None:
         """Keep the samples computed so far of the unit ``key`` (by index), atomically."""
-        atomic_json(self.partial_path(key), {"key": key, "build": build, "wall_s": wall_s,
-                                             "rows": {str(i): r for i, r in sorted(rows.items())}})
+        atomic_json(self.partial_path(key, build), {"key": key, "build": build, "wall_s": wall_s,
+                                                    "rows": {str(i): r for i, r in sorted(rows.items())}})
 
 
 _library_hash: str | None = None
