@@ -270,9 +270,11 @@ default_jobs() {
     # smollm2"): its search windows are all cached, its new candidates' niah_single cells are not
     # (2026-11-29 (f): NTK-aware at twice n_ctx/L joined them). NTK-aware at Gemma 3's 4xL with
     # k = 8 (niah_single) ran on a CPU, 2026-11-29 (g).
-    local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") row
+    # Linear's 4xL passkey cell ran on a CPU, 2026-11-30 (c) and (d): its job is vt alone.
+    local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") row pk
     for row in "yarn on" "ntk-mixed off" "linear off" "linear on" "none off" "none on" "ntk off" "ntk on"; do
-        jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks vt --trials 10 --no-truncation")
+        pk=10; [ "$row" = "linear off" ] && pk=0
+        jobs+=("@gemma3 -c 131072 --methods ${row% *} --logn ${row#* } $R --tasks vt --trials $pk --no-truncation")
     done
     printf '%s\n' "${jobs[@]}"
 }
