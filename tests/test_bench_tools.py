@@ -170,6 +170,11 @@ def test_niah_near_misses_by_hand(tmp_path):
     assert near.classify("6521239", ": 123456789.") == "miss"
     assert near.classify("2336143", ": 2336.") == "miss"  # a prefix is not a near miss
     assert near.first_number(": 10427297.\nThe 9", "27297") == "10427297"
+    # passkey answers (5-digit keys), from the committed units
+    assert near.classify("49755", " 19755. Remember it.") == "one"  # the leading 4 became 1
+    assert near.classify("49755", " 1975.") == "miss"  # YaRN's answer: no tail of four
+    assert near.classify("49755", " 11755.") == "miss"  # three digits are not a near miss
+    assert near.classify("56930", " 56930. Remember it.") == "found"
 
     unit = lambda task, answers: {"key": {"task": task, "n_ctx": 65536, "model": {"sha256": GEMMA3.sha256}},
                                   "result": {"rows": [{"gold": [g], "answer": a} for g, a in answers]}}
@@ -178,8 +183,14 @@ def test_niah_near_misses_by_hand(tmp_path):
     (tmp_path / "ruler-b.json").write_text(json.dumps(unit("niah_single", [("5427297", ": 10427297.")])))
     (tmp_path / "ruler-c.json").write_text(json.dumps(unit("vt", [("2371038", ": 1371038.")])))  # not niah
     (tmp_path / "ruler-d.json.partial").write_text("{}")  # unfinished cells are not read
+    passkey = {"key": {"n_ctx": 131072, "model": {"sha256": GEMMA3.sha256}},
+               "result": {"rows": [{"key": k, "answer": a} for k, a in
+                                   [(49755, " 19755. Remember it."), (56930, " 56930."), (77013, " 1.")]]}}
+    (tmp_path / "passkey-a.json").write_text(json.dumps(passkey))
+    (tmp_path / "passkey-b.json.0123456789ab.partial").write_text("{}")
     r = _bench("niah_near_misses.py", "--cache", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[2:] == ['| gemma3 | 65536 | 2 | 5 | 1 | 3 (2 / 1) | "1" ×3 |']
+    assert r.stdout.splitlines()[2:] == ['| niah_single | gemma3 | 65536 | 2 | 5 | 1 | 3 (2 / 1) | "1" ×3 |',
+                                         '| passkey | gemma3 | 131072 | 1 | 3 | 1 | 1 (1 / 0) | "1" ×1 |']
     r = _bench("niah_near_misses.py", "--cache", str(tmp_path / "none"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no cache directory" in r.stderr
