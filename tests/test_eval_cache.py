@@ -153,6 +153,27 @@ def test_each_build_keeps_its_own_partial_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([unit, cache.partial_path(other, cpu).name])
 
 
+def test_legacy_partial_file_is_resumed_by_its_build_and_removed_with_the_unit(tmp_path):
+    """A ``<unit file>.partial`` of the one-file-per-unit layout (before b0dd2c3; same content)
+    is read by the build recorded in it until that build has a file of its own name, never by
+    another build, and removed when the unit is stored."""
+    cache = EC.Cache(tmp_path)
+    key = {"kind": "passkey", "method": "linear", "logn": True, "n_ctx": 131072}
+    cpu = {"library": "a" * 16, "ggufrope_patch": "1", "backend": "CPU", "flash_attn": True, "n_ubatch": 512}
+    gpu = {**cpu, "library": "b" * 16, "backend": "CUDA"}
+    legacy = tmp_path / (cache.path(key).name + ".partial")  # the old name, written as the old code did
+    legacy.write_text(json.dumps({"key": key, "build": cpu, "wall_s": 1038.5,
+                                  "rows": {"0": {"answer": " 56930."}, "1": {"answer": " the pass key."}}}))
+    assert cache.partial_paths(key) == [legacy]
+    assert cache.read_partial(key, cpu) == ({0: {"answer": " 56930."}, 1: {"answer": " the pass key."}}, 1038.5)
+    assert cache.read_partial(key, gpu) == ({}, 0.0)  # another build never takes its samples
+    cache.put_partial(key, cpu, {0: {"answer": " 56930."}, 1: {"answer": " the pass key."}, 2: {"answer": " 1."}}, 2000.0)
+    assert cache.read_partial(key, cpu)[1] == 2000.0  # its own file now, not the legacy one
+    assert legacy.exists() and len(cache.partial_paths(key)) == 2
+    cache.put(key, {"rows": []}, cpu)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [cache.path(key).name]
+
+
 class _Stop(Exception):
     pass
 

@@ -23,7 +23,9 @@ hours beyond L on a CPU; its samples done so far are kept beside it in
 next sample instead of the first. A run resumes only its own build's samples (a unit is never a
 mix of builds), and each build has its own partial file, so a run on a lent GPU and one on this
 CPU keep each other's samples. Every partial file of a unit is removed when the unit is stored.
-Their names do not end in ``.json``: they are not units.
+Their names do not end in ``.json``: they are not units. A partial file of the earlier, one-per-unit
+name ``<unit file>.partial`` (same content) is still resumed by its own build while the unit has
+no per-build file of that build, and removed with the others.
 """
 
 from __future__ import annotations
@@ -119,17 +121,29 @@ class Cache:
         b = hashlib.sha256(json.dumps(build, sort_keys=True).encode()).hexdigest()[:12]
         return p.with_name(f"{p.name}.{b}.partial")
 
-    def partial_paths(self, key: dict[str, Any]) -> list[pathlib.Path]:
-        """The partial files of the unit ``key``, of every build, sorted by name."""
+    def legacy_partial_path(self, key: dict[str, Any]) -> pathlib.Path:
+        """``<unit file>.partial``: the one partial file a unit had before each build had its own
+        (any build's; :meth:`read_partial` checks the build recorded in it)."""
         p = self.path(key)
-        return sorted(p.parent.glob(glob.escape(p.name) + ".*.partial"))
+        return p.with_name(p.name + ".partial")
+
+    def partial_paths(self, key: dict[str, Any]) -> list[pathlib.Path]:
+        """The partial files of the unit ``key``, of every build, sorted by name, and its legacy
+        one (:meth:`legacy_partial_path`) when there is one."""
+        p = self.path(key)
+        legacy = self.legacy_partial_path(key)
+        return sorted([*p.parent.glob(glob.escape(p.name) + ".*.partial"), *([legacy] if legacy.exists() else [])])
 
     def read_partial(self, key: dict[str, Any], build: dict[str, Any] | None) -> tuple[dict[int, dict[str, Any]], float]:
         """The samples of the unit ``key`` that ``build`` computed before it was stopped, by sample
         index, and the seconds they took (``wall_s``); ``({}, 0.0)`` when there is no partial file,
-        or it holds another key or another build."""
+        or it holds another key or another build. Without a file of ``build``'s own name, the
+        legacy file (:meth:`legacy_partial_path`) is read under the same checks."""
+        path = self.partial_path(key, build)
+        if not path.exists():
+            path = self.legacy_partial_path(key)
         try:
-            obj = json.loads(self.partial_path(key, build).read_text())
+            obj = json.loads(path.read_text())
         except (OSError, ValueError):
             return {}, 0.0
         if obj.get("key") != json.loads(json.dumps(key)) or obj.get("build") != build:
