@@ -54,9 +54,10 @@ def first_number(answer: str, tail: str) -> str:
     return ""
 
 
-def _golds(path: pathlib.Path, unit: dict) -> tuple[str, list[tuple[str, str]]] | None:
-    """(task, [(gold, answer)]) of a niah_single or passkey unit, None for any other."""
-    if path.name.startswith("passkey-"):
+def _golds(unit: dict) -> tuple[str, list[tuple[str, str]]] | None:
+    """(task, [(gold, answer)]) of a niah_single or passkey unit (by its key's ``kind`` and
+    ``task``), None for any other."""
+    if unit["key"].get("kind") == "passkey":
         return "passkey", [(str(row["key"]), row["answer"]) for row in unit["result"]["rows"]]
     if unit["key"].get("task") != "niah_single":
         return None
@@ -72,7 +73,7 @@ def count(cache: pathlib.Path) -> dict[tuple[str, str, int], dict]:
     out: dict[tuple[str, str, int], dict] = {}
     for f in sorted([*cache.glob("ruler-*.json"), *cache.glob("passkey-*.json")]):
         unit = json.loads(f.read_text())
-        got = _golds(f, unit)
+        got = _golds(unit)
         if got is None:
             continue
         task, rows = got

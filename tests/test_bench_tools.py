@@ -183,7 +183,7 @@ def test_niah_near_misses_by_hand(tmp_path):
     (tmp_path / "ruler-b.json").write_text(json.dumps(unit("niah_single", [("5427297", ": 10427297.")])))
     (tmp_path / "ruler-c.json").write_text(json.dumps(unit("vt", [("2371038", ": 1371038.")])))  # not niah
     (tmp_path / "ruler-d.json.partial").write_text("{}")  # unfinished cells are not read
-    passkey = {"key": {"n_ctx": 131072, "model": {"sha256": GEMMA3.sha256}},
+    passkey = {"key": {"kind": "passkey", "n_ctx": 131072, "model": {"sha256": GEMMA3.sha256}},
                "result": {"rows": [{"key": k, "answer": a} for k, a in
                                    [(49755, " 19755. Remember it."), (56930, " 56930."), (77013, " 1.")]]}}
     (tmp_path / "passkey-a.json").write_text(json.dumps(passkey))
