@@ -69,13 +69,15 @@ def stop_process(proc: subprocess.Popen, timeout: float) -> None:
             proc.wait()
 
 
-def stock_child_setup() -> None:
-    """In a subprocess that loads the UNPATCHED build (LLAMA_CPP_LIB_PATH=build/stock-lib), before
-    any model is loaded: on AMX hosts keep the weights in the plain CPU buffer type, since stock
-    llama.cpp crashes in its AMX buffer type there (upstream issue #20824, fixed in the patch
-    series only); the tests that use it are about rope, not buffer types."""
-    if "amx" not in Path("/proc/cpuinfo").read_text():
-        return
+def host_has_amx() -> bool:
+    """The CPU has Intel AMX (an ``amx`` flag in /proc/cpuinfo)."""
+    return "amx" in Path("/proc/cpuinfo").read_text()
+
+
+def plain_cpu_model_params():
+    """llama-cpp-python's ``llama_model_default_params`` with ``use_extra_bufts`` off: every weight
+    in the plain CPU buffer type (no AMX, no repacked layouts). ``Llama()`` takes its model params
+    from ``llama_cpp.llama_cpp.llama_model_default_params``; set this there to load that way."""
     import llama_cpp.llama_cpp as lc
 
     default_params = lc.llama_model_default_params
@@ -85,7 +87,21 @@ def stock_child_setup() -> None:
         p.use_extra_bufts = False
         return p
 
-    lc.llama_model_default_params = _params
+    return _params
+
+
+def stock_child_setup() -> None:
+    """In a subprocess that loads the UNPATCHED build (LLAMA_CPP_LIB_PATH=build/stock-lib), before
+    any model is loaded: on AMX hosts keep the weights in the plain CPU buffer type, since stock
+    llama.cpp crashes in its AMX buffer type there (upstream issue #20824, fixed in the patch
+    series only); the tests that use it are about rope, not buffer types. A test that compares
+    such a child's logits with the patched library's in its own process loads the patched side
+    the same way (:func:`plain_cpu_model_params`): the AMX and plain CPU matmuls round differently."""
+    if not host_has_amx():
+        return
+    import llama_cpp.llama_cpp as lc
+
+    lc.llama_model_default_params = plain_cpu_model_params()
 
 
 def mapped_llama_libs() -> list[str]:
