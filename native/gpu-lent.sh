@@ -272,11 +272,12 @@ default_jobs() {
     # k = 8 (niah_single) ran on a CPU, 2026-11-29 (g).
     # A row is method, log n and passkey trials (0: linear's 4xL passkey cell ran on a CPU,
     # 2026-11-30 (c) and (d), linear + log n's 2026-11-30 (d) and (e), ntk-mixed without log n's
-    # 2026-11-30 (f) and (g), no method's 2026-11-30 (g) to 2026-12-01 (b), so their jobs are vt alone).
+    # 2026-11-30 (f) and (g), no method's 2026-11-30 (g) to 2026-12-01 (b), YaRN + log n's 2026-12-01 (c)
+    # and (d), so their jobs are vt alone).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") m l pk
     while read -r m l pk; do
         jobs+=("@gemma3 -c 131072 --methods $m --logn $l $R --tasks vt --trials $pk --no-truncation")
-    done <<< "yarn on 10
+    done <<< "yarn on 0
 ntk-mixed off 0
 linear off 0
 linear on 0
