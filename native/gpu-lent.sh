@@ -275,14 +275,14 @@ default_jobs() {
     # 2026-11-30 (f) and (g), no method's 2026-11-30 (g) to 2026-12-01 (b), YaRN + log n's 2026-12-01 (c)
     # and (d), NTK-aware + log n's 2026-12-02 and 2026-12-02 (b), NTK-aware's 2026-12-02 (b) and (c),
     # no method + log n's 2026-12-02 (d) to 2026-12-03: the 4xL passkey column is complete, so every
-    # job is vt alone). YaRN + log n's 4xL vt cell ran on a CPU, 2026-12-03 and 2026-12-03 (b).
+    # job is vt alone). YaRN + log n's 4xL vt cell ran on a CPU, 2026-12-03 and 2026-12-03 (b), no
+    # method's (without log n) 2026-12-04 to 2026-12-05.
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") m l pk
     while read -r m l pk; do
         jobs+=("@gemma3 -c 131072 --methods $m --logn $l $R --tasks vt --trials $pk --no-truncation")
     done <<< "ntk-mixed off 0
 linear off 0
 linear on 0
-none off 0
 none on 0
 ntk off 0
 ntk on 0"
