@@ -153,6 +153,26 @@ def test_each_build_keeps_its_own_partial_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([unit, cache.partial_path(other, cpu).name])
 
 
+def test_other_partials_lists_other_builds_files_most_samples_first(tmp_path):
+    """:meth:`Cache.other_partials`: every other build's partial file of the unit (not this
+    build's, not another unit's, not an unreadable one), the one with the most samples first."""
+    cache = EC.Cache(tmp_path)
+    key = {"kind": "ruler", "method": "ntk", "logn": False, "n_ctx": 131072, "task": "vt"}
+    cpu = {"library": "a" * 16, "backend": "CPU"}
+    amx = {"library": "b" * 16, "backend": "CPU"}
+    gpu = {"library": "c" * 16, "backend": "CUDA"}
+    cache.put_partial(key, cpu, {0: {"answer": "own"}}, 1.0)
+    cache.put_partial(key, amx, {1: {"answer": "amx 1"}}, 30.0)
+    cache.put_partial(key, gpu, {1: {"answer": "gpu 1"}, 5: {"answer": "gpu 5"}}, 2.0)
+    cache.put_partial({**key, "method": "yarn"}, amx, {7: {"answer": "other unit"}}, 3.0)
+    cache.partial_path(key, {"library": "broken"}).write_text("{not json")
+    assert cache.other_partials(key, cpu) == [(gpu, {1: {"answer": "gpu 1"}, 5: {"answer": "gpu 5"}}, 2.0),
+                                              (amx, {1: {"answer": "amx 1"}}, 30.0)]
+    theirs = cache.other_partials(key, gpu)  # a tie in samples: both, in file-name order
+    assert len(theirs) == 2 and {b["library"] for b, _, _ in theirs} == {"a" * 16, "b" * 16}
+    assert cache.other_partials({**key, "method": "linear"}, cpu) == []
+
+
 def test_legacy_partial_file_is_resumed_by_its_build_and_removed_with_the_unit(tmp_path):
     """A ``<unit file>.partial`` of the one-file-per-unit layout (before b0dd2c3; same content)
     is read by the build recorded in it until that build has a file of its own name, never by
@@ -206,8 +226,11 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
     st, n_ctx, n = ED.Setting("none"), 1024, 4
     threads = os.cpu_count() or 1
 
-    def run(cache, log=None):
-        with EU.UnitRunner(smollm2, cache, threads=threads, progress=False, log=log) as ur:
+    runners = []
+
+    def run(cache, log=None, any_build=False):
+        with EU.UnitRunner(smollm2, cache, threads=threads, progress=False, log=log, any_build=any_build) as ur:
+            runners.append(ur)
             if kind == "passkey":
                 key = ur.passkey_key(st, n_ctx, n, 0, [0.0, 0.25, 0.5, 0.75, 1.0], ED.DEFAULT_N_GEN)
                 r = ur.passkey(st, n_ctx, trials=n, seed=0, depths=[0.0, 0.25, 0.5, 0.75, 1.0], n_gen=ED.DEFAULT_N_GEN)
@@ -253,3 +276,27 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
     cache_c.after = None
     res_c, _, _ = run(cache_c)
     assert [r["answer"] for r in res_c["rows"]] == answers and not cache_c.partial_paths(key)
+    assert "sample_builds" not in res_c and all("build" not in r for r in res_c["rows"])
+
+    # with any_build the samples of another build's partial file are taken (not answered again)
+    # where this build's own file lacks them: each taken row names the build that answered it,
+    # the unit counts its samples per build, and the runner counts it as a unit of several builds
+    cache_d = EC.Cache(tmp_path / "d")
+    a, b = 0, n - 1
+    cache_d.put_partial(key, build, {a: {**full["rows"][a], "answer": "own"}}, 10.0)
+    cache_d.put_partial(key, other, {a: {**full["rows"][a], "answer": "theirs a"},
+                                     b: {**full["rows"][b], "answer": "theirs b"}}, 20.0)
+    log = []
+    res_d, stats, _ = run(cache_d, log.append, any_build=True)
+    got = dict(enumerate(res_d["rows"]))  # rows in sample order, for both kinds
+    assert got[a]["answer"] == "own" and "build" not in got[a]
+    assert got[b]["answer"] == "theirs b" and got[b]["build"] == other
+    assert [got[i]["answer"] for i in range(n) if i not in (a, b)] == [answers[i] for i in range(n) if i not in (a, b)]
+    assert all("build" not in got[i] for i in range(n) if i != b)
+    assert res_d["sample_builds"] == {EC.build_id(build): n - 1, EC.build_id(other): 1}
+    assert res_d["wall_s"] > 10.0 + full["rows"][b]["seconds"]  # one of their two samples: its own seconds
+    assert any("1 samples of another build" in line for line in log), log
+    assert stats.computed == 1 and not cache_d.partial_paths(key)
+    assert list(runners[-1].builds) == [EU.unit_build_label(build, res_d)]
+    assert EU.unit_build_label(build, res_d).startswith("samples of several builds: ")
+    assert EU.unit_build_label(build, res_c) == EC.build_id(build)

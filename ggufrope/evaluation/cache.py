@@ -20,9 +20,13 @@ build (:func:`build_id`) in the report.
 hours beyond L on a CPU; its samples done so far are kept beside it in
 ``<unit file>.<build>.partial`` (:meth:`Cache.partial_path`, :meth:`Cache.read_partial`,
 :meth:`Cache.put_partial`), written after each sample, so a run that is stopped resumes at the
-next sample instead of the first. A run resumes only its own build's samples (a unit is never a
-mix of builds), and each build has its own partial file, so a run on a lent GPU and one on this
-CPU keep each other's samples. Every partial file of a unit is removed when the unit is stored.
+next sample instead of the first. A run resumes its own build's samples, and each build has its
+own partial file, so a run on a lent GPU and one on this CPU keep each other's samples. Only with
+``any_build`` (``--any-build``, which already reuses whole units of other builds) does a run also
+take the samples of other builds' partial files (:meth:`Cache.other_partials`); each such row
+then carries the ``build`` that answered it, and the stored unit counts its samples per build
+(``sample_builds``), so a unit that mixes builds says so. Every partial file of a unit is removed
+when the unit is stored.
 Their names do not end in ``.json``: they are not units. A partial file of the earlier, one-per-unit
 name ``<unit file>.partial`` (same content) is still resumed by its own build while the unit has
 no per-build file of that build, and removed with the others.
@@ -149,6 +153,24 @@ class Cache:
         if obj.get("key") != json.loads(json.dumps(key)) or obj.get("build") != build:
             return {}, 0.0
         return {int(i): row for i, row in obj["rows"].items()}, float(obj.get("wall_s", 0.0))
+
+    def other_partials(self, key: dict[str, Any], build: dict[str, Any] | None
+                       ) -> list[tuple[dict[str, Any] | None, dict[int, dict[str, Any]], float]]:
+        """The partial files of the unit ``key`` that builds other than ``build`` wrote, as
+        ``(their build, rows by sample index, wall_s)``, the one with the most samples first (ties:
+        by file name); files that hold another key, or that cannot be read, are left out."""
+        want = json.loads(json.dumps(key))
+        out = []
+        for path in self.partial_paths(key):
+            try:
+                obj = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if obj.get("key") != want or obj.get("build") == build:
+                continue
+            out.append((obj.get("build"), {int(i): row for i, row in obj["rows"].items()},
+                        float(obj.get("wall_s", 0.0))))
+        return sorted(out, key=lambda t: -len(t[1]))
 
     def put_partial(self, key: dict[str, Any], build: dict[str, Any] | None, rows: dict[int, dict[str, Any]],
                     wall_s: float) -> None:

@@ -312,7 +312,8 @@ def eval_passkey_cmd(model: str, n_ctxs: str | None, method: str, factor: float 
               help="Compute nothing: write the report from the cached units; cells not cached show as not run.")
 @click.option("--any-build", is_flag=True,
               help="Reuse cached units whichever library build computed them (units of a lent GPU, a rebuild) instead of "
-                   "recomputing them; compute only the units not cached. results.md counts the units per build.")
+                   "recomputing them; compute only the units not cached, and resume a retrieval unit from another build's "
+                   "partial file (each sample records its build). results.md counts the units per build.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def eval_compare_cmd(model: str, n_ctxs: str, methods: str, logn_spec: str, dynamic_spec: str, factor: float | None,
@@ -472,7 +473,8 @@ def eval_ruler_cmd(model: str, n_ctxs: str | None, method: str, factor: float | 
                    "them (an error names the first unit not cached).")
 @click.option("--any-build", is_flag=True,
               help="Reuse cached units whichever library build computed them (a rebuild of the same patches, another "
-                   "CPU) instead of recomputing them; tune.md counts the units per build.")
+                   "CPU) instead of recomputing them, and resume a retrieval unit from another build's partial file (each "
+                   "sample records its build); tune.md counts the units per build.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 @_eval_engine_options
 def tune_cmd(model: str, n_ctx: int, texts: tuple[str, ...], held: tuple[str, ...], retrieval: bool, samples: int,

@@ -12,7 +12,10 @@ with ``prompt_n_ctx`` = the n_ctx the prompts were built for.
 **Resuming.** A retrieval unit keeps each sample (trial) in the cache's partial file as it is
 answered (:meth:`ggufrope.evaluation.cache.Cache.put_partial`); computing the unit again with
 the same build starts from the samples not yet answered, and its ``wall_s`` counts the earlier
-runs' seconds too.
+runs' seconds too. With ``any_build`` it also takes the samples that other builds' partial files
+hold (another CPU's build of the same patches, a lent GPU's): each such row records the ``build``
+that answered it, and the unit's ``sample_builds`` counts the samples per build
+(:func:`unit_build_label` names such a unit in a report's count of builds).
 """
 
 from __future__ import annotations
@@ -58,11 +61,22 @@ def advance(bar: Any, computed: bool, n: int = 1) -> None:
     bar.update(n)
 
 
+def unit_build_label(build: dict[str, Any] | None, result: dict[str, Any]) -> str:
+    """The build a report counts a unit under: :func:`ggufrope.evaluation.cache.build_id` of the
+    build that stored it, or, for a unit whose samples several builds answered (``sample_builds``,
+    resumed with ``any_build``), a line naming each with its count of samples."""
+    mixed = result.get("sample_builds") or {}
+    if len(mixed) < 2:
+        return build_id(build)
+    return "samples of several builds: " + "; ".join(f"{b} ({n})" for b, n in sorted(mixed.items()))
+
+
 @dataclasses.dataclass
 class Resume:
     """What a unit's ``compute`` is given besides the decoder: ``done``, the samples answered by
-    an earlier run of the same build (by sample index), and ``save(index, row)``, to be called
-    after each new sample (it rewrites the unit's partial file)."""
+    an earlier run of the same build (by sample index; with ``any_build`` also those of other
+    builds' partial files, each row with its ``build``), and ``save(index, row)``, to be called
+    after each new sample (it rewrites this build's partial file)."""
 
     done: dict[int, dict[str, Any]]
     save: Callable[[int, dict[str, Any]], None]
@@ -75,7 +89,9 @@ class UnitRunner:
     one is used whichever build computed it. Otherwise a unit is reused only when the build it
     records is this one (:func:`ggufrope.evaluation.cache.build_info`), or with ``any_build``
     whichever build computed it (a rebuild of the same patches, another CPU); a stale one is
-    recomputed and overwritten. ``builds`` counts the units used per build. Call
+    recomputed and overwritten; ``any_build`` also resumes a retrieval unit from the samples of
+    other builds' partial files (:meth:`ggufrope.evaluation.cache.Cache.other_partials`).
+    ``builds`` counts the units used per build (:func:`unit_build_label`). Call
     :meth:`close` (or use ``with``) to free the model."""
 
     def __init__(self, model: str | os.PathLike, cache: Cache, *, n_batch: int = 512, n_ubatch: int | None = None,
@@ -135,7 +151,8 @@ class UnitRunner:
         """The result of the unit ``key`` (``st`` at ``n_ctx``): cached, or ``compute(decoder,
         resume)`` on the model loaded with ``st`` at ``n_ctx`` (stored with the build and
         ``wall_s``); ``resume`` (:class:`Resume`) holds the samples of the unit's partial file
-        that this build computed."""
+        that this build computed, and with ``any_build`` those of other builds' partial files
+        that it lacks (each row with its ``build``; the result then has ``sample_builds``)."""
         unit = self.cache.read(key)
         self.last_computed = False
         if unit is None and self.report_only:
@@ -153,6 +170,15 @@ class UnitRunner:
             done, before = self.cache.read_partial(key, build)
             if done:
                 self.say(f"resuming {label}: {len(done)} samples done ({before:.0f} s)")
+            if self.any_build:
+                for other, theirs, their_s in self.cache.other_partials(key, build):
+                    new = {i: {**row, "build": row.get("build", other)} for i, row in theirs.items() if i not in done}
+                    if not new:
+                        continue
+                    # their wall time when every sample is taken, else the taken samples' own seconds
+                    before += their_s if len(new) == len(theirs) else sum(r.get("seconds", 0.0) for r in new.values())
+                    done = {**done, **new}
+                    self.say(f"resuming {label}: {len(new)} samples of another build, {build_id(other)}")
             rows = dict(done)
             t0 = time.perf_counter()
 
@@ -166,6 +192,12 @@ class UnitRunner:
 
                 r["factor_end"] = factor_in_use(self.llm)
             r["wall_s"] = before + time.perf_counter() - t0
+            if any("build" in row for row in r.get("rows", [])):
+                counts: dict[str, int] = {}
+                for row in r["rows"]:
+                    b = build_id(row["build"]) if "build" in row else build_id(build)
+                    counts[b] = counts.get(b, 0) + 1
+                r["sample_builds"] = counts
             self.cache.put(key, r, build)
             self.stats.computed += 1
             self.last_computed = True
@@ -174,7 +206,8 @@ class UnitRunner:
             r, build = unit["result"], unit.get("build")
             self.stats.cached += 1
             self.say(f"cached   {label}")
-        self.builds[build_id(build)] = self.builds.get(build_id(build), 0) + 1
+        b = unit_build_label(build, r)
+        self.builds[b] = self.builds.get(b, 0) + 1
         self.wall_s += r.get("wall_s", 0.0)
         return r
 
