@@ -276,12 +276,12 @@ default_jobs() {
     # and (d), NTK-aware + log n's 2026-12-02 and 2026-12-02 (b), NTK-aware's 2026-12-02 (b) and (c),
     # no method + log n's 2026-12-02 (d) to 2026-12-03: the 4xL passkey column is complete, so every
     # job is vt alone). YaRN + log n's 4xL vt cell ran on a CPU, 2026-12-03 and 2026-12-03 (b), no
-    # method's (without log n) 2026-12-04 to 2026-12-05.
+    # method's (without log n) 2026-12-04 to 2026-12-05, ntk-mixed's (without log n) 2026-12-03 (b) to
+    # 2026-12-07, its last sample on another build (--any-build resumes other builds' partial files).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") m l pk
     while read -r m l pk; do
         jobs+=("@gemma3 -c 131072 --methods $m --logn $l $R --tasks vt --trials $pk --no-truncation")
-    done <<< "ntk-mixed off 0
-linear off 0
+    done <<< "linear off 0
 linear on 0
 none on 0
 ntk off 0

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from ggufrope.evaluation import cache as EC, decoder as ED, grid as EG, ppl as EP
+from ggufrope.evaluation import cache as EC, decoder as ED, grid as EG, ppl as EP, units as EU
 
 
 # --- the build in the cache -------------------------------------------------------------------------
@@ -173,6 +173,20 @@ def test_other_partials_lists_other_builds_files_most_samples_first(tmp_path):
     assert cache.other_partials({**key, "method": "linear"}, cpu) == []
 
 
+def test_unit_build_label_names_each_build_of_a_mixed_unit():
+    """A unit answered by one build is counted under that build; one whose samples several builds
+    answered (``sample_builds``) under one label naming each with its count, joined by " + " (a
+    report joins its builds with "; ", and a build's name holds commas)."""
+    a = {"library": "a" * 16, "ggufrope_patch": "0.1.0", "backend": "CPU", "flash_attn": True, "n_ubatch": 512}
+    b = {**a, "library": "b" * 16}
+    assert EU.unit_build_label(a, {"score": 0.0}) == EC.build_id(a)
+    assert EU.unit_build_label(a, {"sample_builds": {EC.build_id(a): 10}}) == EC.build_id(a)
+    label = EU.unit_build_label(a, {"sample_builds": {EC.build_id(b): 9, EC.build_id(a): 1}})
+    assert label == ("samples of several builds (llama.cpp aaaaaaaaaaaaaaaa (patch 0.1.0), CPU, flash-attn on, "
+                     "n_ubatch 512: 1 sample + llama.cpp bbbbbbbbbbbbbbbb (patch 0.1.0), CPU, flash-attn on, "
+                     "n_ubatch 512: 9 samples)")
+
+
 def test_legacy_partial_file_is_resumed_by_its_build_and_removed_with_the_unit(tmp_path):
     """A ``<unit file>.partial`` of the one-file-per-unit layout (before b0dd2c3; same content)
     is read by the build recorded in it until that build has a file of its own name, never by
@@ -220,8 +234,6 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
     the unit: it was not answered again), its answers are those of an uninterrupted run, and the
     partial file is gone once the unit is stored. A partial file of another build is ignored."""
     import os
-
-    from ggufrope.evaluation import units as EU
 
     st, n_ctx, n = ED.Setting("none"), 1024, 4
     threads = os.cpu_count() or 1
@@ -298,5 +310,5 @@ def test_a_stopped_retrieval_unit_resumes_at_its_next_sample(patched_lib, smollm
     assert any("1 samples of another build" in line for line in log), log
     assert stats.computed == 1 and not cache_d.partial_paths(key)
     assert list(runners[-1].builds) == [EU.unit_build_label(build, res_d)]
-    assert EU.unit_build_label(build, res_d).startswith("samples of several builds: ")
+    assert EU.unit_build_label(build, res_d).startswith("samples of several builds (")
     assert EU.unit_build_label(build, res_c) == EC.build_id(build)

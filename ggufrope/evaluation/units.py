@@ -68,7 +68,9 @@ def unit_build_label(build: dict[str, Any] | None, result: dict[str, Any]) -> st
     mixed = result.get("sample_builds") or {}
     if len(mixed) < 2:
         return build_id(build)
-    return "samples of several builds: " + "; ".join(f"{b} ({n})" for b, n in sorted(mixed.items()))
+    # " + " between builds: a report joins its builds with "; ", and a build's name holds commas
+    return "samples of several builds (" + " + ".join(
+        f"{b}: {n} sample{'s' if n != 1 else ''}" for b, n in sorted(mixed.items())) + ")"
 
 
 @dataclasses.dataclass
