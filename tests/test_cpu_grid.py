@@ -1,6 +1,7 @@
 """native/cpu-grid.sh: the pending grid cells (native/grid-jobs.txt, as gpu-lent's stage 2 runs
 them) on this CPU with --any-build, a row leaving the jobs file when its unit lands. Run here on the
-real default model at a short context (nothing committed: COMMIT=0, no report rewritten)."""
+real default model at a short context, no report rewritten (PUBLISH=0); commits only in a temporary
+repository."""
 
 from __future__ import annotations
 

@@ -83,6 +83,19 @@ def model_fingerprint(model: str | os.PathLike, cache_dir: pathlib.Path) -> dict
     return {"sha256": sha, "size": st.st_size, "name": os.path.basename(p)}
 
 
+def _load_partial(path: pathlib.Path, key: dict[str, Any]
+                  ) -> tuple[dict[str, Any] | None, dict[int, dict[str, Any]], float] | None:
+    """A partial file's ``(build, rows by sample index, wall_s)``; None when it cannot be read or
+    holds another key than ``key``."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if obj.get("key") != json.loads(json.dumps(key)):
+        return None
+    return obj.get("build"), {int(i): row for i, row in obj["rows"].items()}, float(obj.get("wall_s", 0.0))
+
+
 class Cache:
     """One JSON file per unit, named by the sha256 of its key; the key is stored in the file and
     checked when read."""
@@ -146,30 +159,18 @@ class Cache:
         path = self.partial_path(key, build)
         if not path.exists():
             path = self.legacy_partial_path(key)
-        try:
-            obj = json.loads(path.read_text())
-        except (OSError, ValueError):
+        got = _load_partial(path, key)
+        if got is None or got[0] != build:
             return {}, 0.0
-        if obj.get("key") != json.loads(json.dumps(key)) or obj.get("build") != build:
-            return {}, 0.0
-        return {int(i): row for i, row in obj["rows"].items()}, float(obj.get("wall_s", 0.0))
+        return got[1], got[2]
 
     def other_partials(self, key: dict[str, Any], build: dict[str, Any] | None
                        ) -> list[tuple[dict[str, Any] | None, dict[int, dict[str, Any]], float]]:
         """The partial files of the unit ``key`` that builds other than ``build`` wrote, as
         ``(their build, rows by sample index, wall_s)``, the one with the most samples first (ties:
         by file name); files that hold another key, or that cannot be read, are left out."""
-        want = json.loads(json.dumps(key))
-        out = []
-        for path in self.partial_paths(key):
-            try:
-                obj = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            if obj.get("key") != want or obj.get("build") == build:
-                continue
-            out.append((obj.get("build"), {int(i): row for i, row in obj["rows"].items()},
-                        float(obj.get("wall_s", 0.0))))
+        out = [got for got in (_load_partial(path, key) for path in self.partial_paths(key))
+               if got is not None and got[0] != build]
         return sorted(out, key=lambda t: -len(t[1]))
 
     def put_partial(self, key: dict[str, Any], build: dict[str, Any] | None, rows: dict[int, dict[str, Any]],
