@@ -280,6 +280,7 @@ default_jobs() {
     # 2026-12-07, its last sample on another build (--any-build resumes other builds' partial files),
     # linear's (without log n) 2026-12-03 (d) to 2026-12-07 (b), on two builds (native/cpu-grid.sh),
     # no method + log n's 2026-12-05 to 2026-12-07 (b), NTK-aware's (without log n) to 2026-12-07 (c),
+    # linear + log n's 2026-12-07 (c) to 2026-12-07 (e),
     # each on two builds.
     # The rows still to run are native/grid-jobs.txt's (native/cpu-grid.sh drops a row when its unit lands).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") m l pk
