@@ -20,7 +20,7 @@
 #                                parts carried by calls in between, each within the 30 s warm window): the
 #                                model, step 4 of gpu-check, bench/runtime_cost.py and
 #                                bench/dynamic_cost.py with every layer on the GPU, then grid units
-#                                (docs/results.md "The grid still to run") until DEADLINE seconds
+#                                (docs/results.md "The grid, as it was run") until DEADLINE seconds
 #                                after the start, GRID_PARALLEL of them at once (default 1); at most
 #                                8 files come back from $OUT: stage 2 writes 3 there (6 with the
 #                                benchmarks), plus the log a caller tees there
@@ -280,8 +280,8 @@ default_jobs() {
     # 2026-12-07, its last sample on another build (--any-build resumes other builds' partial files),
     # linear's (without log n) 2026-12-03 (d) to 2026-12-07 (b), on two builds (native/cpu-grid.sh),
     # no method + log n's 2026-12-05 to 2026-12-07 (b), NTK-aware's (without log n) to 2026-12-07 (c),
-    # linear + log n's 2026-12-07 (c) to 2026-12-07 (e),
-    # each on two builds.
+    # linear + log n's 2026-12-07 (c) to 2026-12-07 (e), each on two builds, and NTK-aware + log n's,
+    # the grid's last, 2026-12-07 (e) to 2026-12-08 on one.
     # The rows still to run are native/grid-jobs.txt's (native/cpu-grid.sh drops a row when its unit lands).
     local jobs=("@gemma3 tune -c 131072 --text milton_epics" "@smollm2 tune -c 32768 --retrieval --samples 10") m l pk
     while read -r m l pk; do
